@@ -351,6 +351,8 @@ def expected_leakage(
         ``max_outcomes`` of them;
       - ``"monte_carlo"``: ``num_samples`` draws of s from ``rng``; returns mean and standard error;
       - ``"auto"`` (default): ``"exact"`` when n_p (U + 1) <= ``max_exact_terms``, else ``"monte_carlo"``.
+        It never picks ``"enumerate"``: that gives the same number as ``"exact"`` at a far higher cost, and is
+        kept as the reference the tests check ``"exact"`` against.
     Monte Carlo needs ``rng`` (a ``np.random.Generator``); the exact methods ignore it.
     """
     if method not in METHODS:

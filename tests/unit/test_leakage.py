@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections import Counter
 
 import numpy as np
@@ -253,3 +254,23 @@ def test_large_case_is_fast_and_sane():
 def test_validation_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# ------------------------------------------------------------------------------------------------ script
+def test_leakage_table_script(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "leakage_table.py"
+    spec = importlib.util.spec_from_file_location("leakage_table", path)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "leakage_table", mod)  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    out = tmp_path / "t.md"
+    mod.main(["--num-classes", "2", "--batch-sizes", "1", "--num-clients", "1", "2", "--out", str(out)])
+    text = out.read_text()
+    assert text == capsys.readouterr().out
+    assert "| 2 | 1 | 2 | 1 | 1 (exact) | 0.5 (exact) |" in text
+    mod.main(["--num-classes", "3", "--batch-sizes", "2", "--num-clients", "4", "--method", "monte_carlo",
+              "--num-samples", "10"])
+    assert "(MC)" in capsys.readouterr().out
