@@ -104,7 +104,7 @@ def _check(name: str, fname: str, path: Path, size: int, md5: str) -> None:
     if size != expected:
         kind = "truncated" if size < expected else "too long"
         raise DataIntegrityError(
-            f"{path}: {kind}: {size} bytes after decompression, expected {expected} "
+            f"{path}: {kind}: {size} bytes of IDX data, expected {expected} "
             f"(the IDX file of {name} {fname}); replace the file with a good copy"
         )
     if md5 not in MD5[name][fname]:
@@ -179,6 +179,15 @@ def _tv_root(name: str, d: Path, files: dict[str, Path], verify: bool) -> Path:
     return _materialise(name, files, verify)
 
 
+def _origin(d: Path) -> str:
+    """``d``, or for a folder this module unpacked into, the folder its files were unpacked from."""
+    try:
+        files = json.loads((d / _STAMP).read_text())["files"]
+        return str(Path(next(iter(files.values()))[0]).parent)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration, IndexError):
+        return str(d)
+
+
 def _download(name: str) -> tuple[Path | None, str]:
     """Let torchvision download into the cache; returns (root, '') or (None, reason)."""
     cls, _ = _TV[name]
@@ -210,7 +219,7 @@ def load_idx_dataset(
             if not download:
                 raise
             continue  # download=True: a corrupt local copy falls back to a fresh download
-        source = str(d)
+        source = _origin(d)
         break
     if root is None:
         reason = "not attempted (download=False)"

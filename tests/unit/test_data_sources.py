@@ -241,6 +241,8 @@ def test_debian_flat_folder(monkeypatch, tmp_path):
     _fake_ok(d)
     assert d.source == str(deb)
     assert (tmp_path / "cache" / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
+    again = load_dataset("fashion_mnist", download=False, verify=False)  # now read from the cache in place
+    assert again.source == str(deb) and again.info["torchvision_root"] == str(tmp_path / "cache")
 
 
 def test_plain_files_in_torchvision_layout_used_in_place(tmp_path):
