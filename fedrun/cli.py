@@ -1,0 +1,69 @@
+"""The ``fedrun`` command: a Hydra app around :func:`fedrun.run.run`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("fedrun")
+
+
+def _tracker(cfg: DictConfig):
+    from fedrun.tracking import PARENT_FILE, MlflowTracker, NullTracker
+
+    if cfg.tracking.kind == "none":
+        return NullTracker()
+    parent = sweep = None
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            sweep = str(Path(hc.sweep.dir))
+            pf = Path(hc.sweep.dir) / PARENT_FILE
+            parent = pf.read_text().strip() if pf.exists() else None
+    except ValueError:
+        pass
+    return MlflowTracker(cfg.tracking.get("uri"), cfg.tracking.experiment, parent_run_id=parent, sweep=sweep)
+
+
+def _output_dir() -> Path:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:
+        return Path.cwd()
+
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    from fedrun.config import ConfigError
+    from fedrun.data.dataset import DataIntegrityError, DataNotFoundError
+    from fedrun.run import run
+
+    try:
+        tracker = _tracker(cfg)
+        summary = run(cfg, tracker=tracker, out_dir=_output_dir())
+    except (ConfigError, DataNotFoundError, DataIntegrityError, ConnectionError) as exc:
+        print(f"fedrun: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    lines = [f"  {k}: {v:.6g}" for k, v in summary.items()]
+    print("fedrun: done\n" + "\n".join(lines))
+    if getattr(tracker, "run_id", None):
+        print(f"fedrun: {tracker.where}\nfedrun: browse it with `make ui` "
+              f"(mlflow ui --backend-store-uri {tracker.uri})")
+    key = next((k for k in summary if k.startswith("best_test_")), None)
+    return summary[key] if key else None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Messages and the byte ledger.
+
+Every message that crosses the network is described by a :class:`Message` built from what is actually
+sent: each tensor contributes ``numel × element_size`` bytes, plus explicit extras (a seed, a client
+count, …). The :class:`Ledger` records, per round, the uplink (client → server) and downlink
+(server → client) bytes, and keeps cumulative totals.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+SEED_BYTES = 8  # a shared-seed message field is sent as one int64
+
+
+@dataclass(frozen=True)
+class Message:
+    """Size of one message from its parts.
+
+    ``tensors`` are the payload tensors as sent (their dtype sets the element size); ``extra_bytes``
+    counts non-tensor fields (a seed, an integer count); ``kind`` names the message for the ledger.
+    """
+
+    nbytes: int
+    kind: str = "update"
+
+    @classmethod
+    def of(cls, *tensors: torch.Tensor, extra_bytes: int = 0, kind: str = "update") -> "Message":
+        total = extra_bytes + sum(t.numel() * t.element_size() for t in tensors)
+        return cls(int(total), kind)
+
+    @classmethod
+    def of_shape(cls, numel: int, dtype: torch.dtype = torch.float32, extra_bytes: int = 0,
+                 kind: str = "update") -> "Message":
+        """Size of a tensor message without materialising it (e.g. one row of a batched payload)."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return cls(int(numel * itemsize + extra_bytes), kind)
+
+
+@dataclass
+class Ledger:
+    """Per-round and cumulative byte counts, uplink and downlink, split by message kind."""
+
+    uplink_total: int = 0
+    downlink_total: int = 0
+    uplink_round: int = 0
+    downlink_round: int = 0
+    by_kind: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    messages_round: int = 0
+
+    def start_round(self) -> None:
+        self.uplink_round = 0
+        self.downlink_round = 0
+        self.messages_round = 0
+
+    def uplink(self, message: Message, count: int = 1) -> None:
+        """Record ``count`` clients each sending ``message`` to the server."""
+        b = message.nbytes * int(count)
+        self.uplink_round += b
+        self.uplink_total += b
+        self.by_kind["up:" + message.kind] += b
+        self.messages_round += int(count)
+
+    def downlink(self, message: Message, count: int = 1) -> None:
+        """Record the server sending ``message`` to ``count`` clients (a broadcast counts once per client)."""
+        b = message.nbytes * int(count)
+        self.downlink_round += b
+        self.downlink_total += b
+        self.by_kind["down:" + message.kind] += b
+        self.messages_round += int(count)
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "uplink_bytes": float(self.uplink_round),
+            "uplink_bytes_total": float(self.uplink_total),
+            "downlink_bytes": float(self.downlink_round),
+            "downlink_bytes_total": float(self.downlink_total),
+        }
+
+    def state_dict(self) -> dict:
+        return {"uplink_total": self.uplink_total, "downlink_total": self.downlink_total,
+                "by_kind": dict(self.by_kind)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.uplink_total = int(state["uplink_total"])
+        self.downlink_total = int(state["downlink_total"])
+        self.by_kind = defaultdict(int, state.get("by_kind", {}))
+
+
+def paper_cost_bits(r: float, n: int, rounds: int, sampling_fraction: float) -> float:
+    """Paper 000's bandwidth cost: r · n · 32 · Round · C bits (Table III)."""
+    return float(r) * int(n) * 32.0 * int(rounds) * float(sampling_fraction)

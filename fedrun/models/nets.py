@@ -1,0 +1,109 @@
+"""The papers' models.
+
+* :class:`LeNet5` — classic LeNet-5 for 28×28 inputs (paper 002's MNIST model): 61,706 parameters.
+* :class:`FemnistCNN` — paper 001's FEMNIST CNN: conv 7×7/32 pad 3 → ReLU → maxpool 2 → conv 3×3/64
+  pad 1 → ReLU → maxpool 2 → FC 62: exactly 214,590 parameters.
+* :class:`FashionCNN` — fedrun's CNN for paper 000's Fashion-MNIST experiments (the paper does not give its
+  architecture): conv 5×5/16 pad 2 → ReLU → maxpool 2 → conv 5×5/32 pad 2 → ReLU → maxpool 2 → FC 64 →
+  ReLU → FC 10: 114,314 parameters, i.e. n ≈ 100k, the size the compression benchmark targets.
+* :class:`LinearRegression` — paper 001's Lending Club model: 10 features + bias = 11 parameters.
+
+Every model exposes ``split_index``: the number of leading modules that form the feature extractor
+f¹ for feature-based transfer learning (paper 003); ``features(x)`` runs f¹ and ``head(z)`` runs f².
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class _Sequential(nn.Module):
+    """A model written as an ``nn.Sequential`` body with a configurable cut point."""
+
+    body: nn.Sequential
+    default_cut: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def features(self, x: torch.Tensor, cut: int | None = None) -> torch.Tensor:
+        """f¹: the layers before the cut layer (paper 003, Fig. 2)."""
+        return self.body[: self.default_cut if cut is None else cut](x)
+
+    def head(self, z: torch.Tensor, cut: int | None = None) -> torch.Tensor:
+        """f²: the task-specific layers from the cut layer on."""
+        return self.body[self.default_cut if cut is None else cut :](z)
+
+
+class LeNet5(_Sequential):
+    """LeNet-5 (LeCun et al. 1998) for 1×28×28 inputs; 61,706 parameters."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(in_channels, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16 * 5 * 5, 120), nn.ReLU(),
+            nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, num_classes),
+        )
+        self.default_cut = 9  # cut at the first fully connected layer after the convolutions' flatten + fc1
+
+
+class FemnistCNN(_Sequential):
+    """Paper 001's FEMNIST CNN (two conv layers + one FC layer); 214,590 parameters."""
+
+    def __init__(self, num_classes: int = 62, in_channels: int = 1) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 7, padding=3), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(64 * 7 * 7, num_classes),
+        )
+        self.default_cut = 7
+
+
+class FashionCNN(_Sequential):
+    """fedrun's Fashion-MNIST CNN for paper 000 (its architecture is not published); 114,314 parameters."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(32 * 7 * 7, 64), nn.ReLU(),
+            nn.Linear(64, num_classes),
+        )
+        self.default_cut = 7
+
+
+class LinearRegression(_Sequential):
+    """y = wᵀx + b; paper 001's Lending Club model (10 features + bias = 11 parameters)."""
+
+    def __init__(self, in_features: int = 10) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(in_features, 1), nn.Flatten(0))
+        self.default_cut = 0
+
+
+_MODELS = {"lenet5": LeNet5, "femnist_cnn": FemnistCNN, "fashion_cnn": FashionCNN, "lr": LinearRegression}
+
+
+def build_model(name: str, **kwargs) -> nn.Module:
+    """Build a model by its config name (``lenet5``, ``femnist_cnn``, ``fashion_cnn``, ``lr``)."""
+    try:
+        cls = _MODELS[name]
+    except KeyError:
+        raise ValueError(f"model={name!r} is unknown; allowed: {', '.join(sorted(_MODELS))}") from None
+    return cls(**kwargs)
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["LeNet5", "FemnistCNN", "FashionCNN", "LinearRegression", "build_model", "num_parameters"]

@@ -1,0 +1,379 @@
+"""Build a simulation from the resolved config and drive its rounds: ``run(cfg) -> summary``.
+
+This is the orchestration shell around the pure parts: it loads data, partitions it, builds the model,
+scheme, sampler and privacy settings, runs the rounds, evaluates, and reports every round to the
+tracker, the metrics CSV and the progress display.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from fedrun.comm import paper_cost_bits
+from fedrun.config import ConfigError, check_partition, dp_mode, validate
+from fedrun.data import partition as partitioners
+from fedrun.data.sources import load_dataset
+from fedrun.models.nets import build_model
+from fedrun.rng import numpy_rng
+from fedrun.simulation import ClientDP, Simulation
+from fedrun.training import ClientData, LocalSpec
+
+log = logging.getLogger("fedrun")
+
+IMAGE_MODELS = ("lenet5", "femnist_cnn", "fashion_cnn")
+
+
+# ------------------------------------------------------------------------------------------ building
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name} was asked for but torch sees no CUDA device "
+                          f"(torch {torch.__version__}, cuda build: {torch.version.cuda}); use device=cpu")
+    return torch.device(name)
+
+
+def _instantiate(node: Any, **kwargs: Any) -> Any:
+    """hydra.utils.instantiate that reports the constructor's own ValueError as a ConfigError."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        while cause is not None and not isinstance(cause, ValueError) and cause.__cause__ is not None:
+            cause = cause.__cause__
+        if isinstance(cause, ValueError):
+            raise ConfigError(str(cause)) from None
+        raise
+
+
+def make_partition(c: dict, dataset, y_train: np.ndarray, groups: np.ndarray | None,
+                   num_clients: int | None, seed: int) -> tuple[list[np.ndarray], str]:
+    name = c["partition"]["name"]
+    if name == "auto":
+        name = c["dataset"]["default_partition"]
+    check_partition(c["dataset"], name)
+    rng = numpy_rng(seed, "partition")
+    p = c["partition"]
+    try:
+        if name in ("writers", "state"):
+            return partitioners.by_group(groups, num_clients, rng), name
+        if num_clients is None:
+            raise ConfigError(f"partition={name} needs num_clients")
+        if name == "iid":
+            return partitioners.iid(len(y_train), num_clients, rng), name
+        if name == "shards":
+            return partitioners.shards(y_train, num_clients, int(p.get("classes_per_client", 2)), rng,
+                                       distinct_classes=bool(p.get("distinct_classes", True))), name
+        return partitioners.dirichlet(y_train, num_clients, float(p.get("alpha", 0.5)), rng,
+                                      min_size=int(p.get("min_size", 1))), name
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"partition={name}: {exc}") from None
+
+
+def make_model(c: dict, dataset) -> tuple[torch.nn.Module, str]:
+    name = c["model"]["name"]
+    if name == "auto":
+        name = c["dataset"]["default_model"]
+    if dataset.task == "regression":
+        if name != "lr":
+            raise ConfigError(f"model={name} does not fit dataset={dataset.name} (a regression on tabular "
+                              f"features); allowed: lr")
+        return build_model("lr", in_features=dataset.x_train.shape[1]), name
+    if name not in IMAGE_MODELS:
+        raise ConfigError(f"model={name} does not fit dataset={dataset.name} (28×28 images); allowed: "
+                          f"{', '.join(IMAGE_MODELS)}")
+    return build_model(name, num_classes=int(dataset.num_classes)), name
+
+
+def make_client_dp(c: dict, sampler, rounds: int) -> ClientDP:
+    from fedrun.privacy.accounting import calibrate_noise_multiplier, compute_epsilon
+
+    q = sampler.poisson_probability
+    if q is None:
+        raise ConfigError(f"dp=true needs sampler=poisson: the accountant assumes Poisson sampling with "
+                          f"probability C; got sampler={type(sampler).__name__}")
+    delta, acct = float(c["delta"]), c["accountant"]
+    eps, sigma = c.get("epsilon"), c.get("noise_multiplier")
+    try:
+        if eps is not None and math.isinf(float(eps)):
+            raise ConfigError("dp=true with epsilon=inf adds no noise; use dp=false for the non-private run")
+        if sigma is None:
+            sigma = calibrate_noise_multiplier(float(eps), q, rounds, delta, acct)
+        elif eps is not None:
+            reached = compute_epsilon(float(sigma), q, rounds, delta, acct)
+            if reached > float(eps) * (1 + 1e-9):
+                raise ConfigError(f"noise_multiplier={sigma} and epsilon={eps} disagree: σ={sigma} gives "
+                                  f"ε={reached:.4g} after {rounds} rounds (q={q}, δ={delta}); give only one")
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return ClientDP(clipping_norm=float(c["clipping_norm"]), noise_multiplier=float(sigma),
+                    sampling_probability=float(q), expected_clients=q * sampler.num_clients, delta=delta)
+
+
+@dataclass
+class Built:
+    sim: Simulation
+    names: dict[str, str]
+    partition_stats: dict[str, float]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def build(c: dict) -> Built:
+    """Resolved config (plain dict) → a ready :class:`Simulation` and descriptive names."""
+    validate(c)
+    device = resolve_device(str(c["device"]))
+    ds_cfg = c["dataset"]
+    dataset = load_dataset(ds_cfg["name"], c.get("data_root"),
+                           femnist_leaf_dir=ds_cfg.get("leaf_dir"), lending_club_csv=ds_cfg.get("csv"))
+    seed = int(c["seed"])
+    x_train, y_train, groups = dataset.x_train, dataset.y_train, dataset.groups_train
+    x_val = y_val = None
+    if c["patience"] > 0:  # hold out a validation split for early stopping (before partitioning)
+        perm = numpy_rng(seed, "validation").permutation(len(y_train))
+        n_val = max(1, int(round(len(y_train) * float(c["validation_fraction"]))))
+        val, keep = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+        x_val, y_val = x_train[val].to(device), y_train[val].to(device)
+        x_train, y_train = x_train[keep], y_train[keep]
+        groups = groups[keep] if groups is not None else None
+    num_clients = c.get("num_clients")
+    if num_clients is None:
+        num_clients = ds_cfg.get("default_num_clients")
+    y_np = y_train.numpy()
+    parts, part_name = make_partition(c, dataset, y_np, groups, num_clients, seed)
+    stats = partitioners.partition_stats(parts, y_np if dataset.task == "classification" else None)
+    with torch.random.fork_rng(devices=[]):  # model initialisation from the run's seed, global RNG untouched
+        torch.manual_seed(seed)
+        model, model_name = make_model(c, dataset)
+    loss = "cross_entropy" if dataset.task == "classification" else "mse"
+    spec = LocalSpec(mode=c["local_mode"], steps=int(c["local_steps"]), batch_size=int(c["batch_size"]),
+                     lr=float(c["lr"]), clip_norm=c.get("local_clip"), loss=loss)
+    sampler = _instantiate(c["sampler"], num_clients=len(parts))
+    scheme = _instantiate(c["scheme"])
+    mode = dp_mode(c["dp"])
+    client_dp = make_client_dp(c, sampler, int(c["rounds"])) if mode == "client" else None
+    local_dp = None
+    if mode in ("local_laplace", "local_gaussian"):
+        from fedrun.dp import make_local_dp
+
+        local_dp = make_local_dp(c, mode, sampler, parts, spec)
+    data = ClientData(x_train.to(device), y_train.to(device), parts)
+    sim = Simulation(model=model, data=data, x_test=dataset.x_test.to(device), y_test=dataset.y_test.to(device),
+                     sampler=sampler, scheme=scheme, spec=spec, seed=seed, device=device,
+                     chunk_size=int(c["chunk_size"]), vectorized=bool(c["vectorized"]),
+                     client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val)
+    names = {"dataset": dataset.name, "model": model_name, "partition": part_name,
+             "scheme": _scheme_name(c), "dp": mode, "device": str(device)}
+    return Built(sim, names, stats, {"task": dataset.task, "source": dataset.source})
+
+
+def _scheme_name(c: dict) -> str:
+    target = str(c["scheme"].get("_target_", "?"))
+    return c["scheme"].get("name") or target.rsplit(".", 1)[-1]
+
+
+# ------------------------------------------------------------------------------------------ progress
+class Progress:
+    """A tqdm bar on a terminal, plain log lines otherwise."""
+
+    def __init__(self, total: int, mode: str, start: int = 0) -> None:
+        self.mode = mode
+        if mode == "auto":
+            self.mode = "bar" if sys.stderr.isatty() else "log"
+        self.bar = None
+        if self.mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, unit="round", dynamic_ncols=True)
+
+    def update(self, rnd: int, total: int, metrics: dict[str, float]) -> None:
+        shown = {k: metrics[k] for k in ("test_accuracy", "test_mse", "train_loss", "epsilon") if k in metrics}
+        shown["up_MB"] = metrics["uplink_bytes_total"] / 1e6
+        text = " ".join(f"{k}={v:.4g}" for k, v in shown.items())
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=False)
+            self.bar.update(1)
+        elif self.mode == "log":
+            log.info("round %d/%d %s (%.2fs)", rnd, total, text, metrics["round_seconds"])
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ------------------------------------------------------------------------------------------ the loop
+class MetricsCSV:
+    """Per-round metrics appended (and flushed) as they come, so an interrupted run keeps them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.columns: list[str] | None = None
+        self.rows: list[dict[str, float]] = []
+
+    def append(self, rnd: int, metrics: dict[str, float]) -> None:
+        row = {"round": rnd, **metrics}
+        self.rows.append(row)
+        if self.columns is None:
+            self.columns = list(row)
+        else:
+            self.columns += [k for k in row if k not in self.columns]
+        with self.path.open("w", newline="") as f:  # rewrite: columns may grow (evaluation rounds)
+            w = csv.DictWriter(f, fieldnames=self.columns)
+            w.writeheader()
+            w.writerows(self.rows)
+
+
+def plot_curve(rows: list[dict[str, float]], key: str, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r["round"], r[key]) for r in rows if key in r]
+    if not pts:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(*zip(*pts), marker=".")
+    ax.set_xlabel("round")
+    ax.set_ylabel(key)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_rounds(built: Built, c: dict, tracker, out_dir: Path) -> dict[str, float]:
+    """Drive the rounds of a built simulation; returns the summary metrics."""
+    sim, rounds = built.sim, int(c["rounds"])
+    task = built.info["task"]
+    key = "test_accuracy" if task == "classification" else "test_mse"
+    better = (lambda a, b: a > b) if task == "classification" else (lambda a, b: a < b)
+    r = sim.scheme.compression_ratio(sim)
+    fraction = sim.sampler.fraction
+    csv_log = MetricsCSV(out_dir / "metrics.csv")
+    progress = Progress(rounds, c["progress"])
+    best: dict[str, float] = {}
+    best_val, since_best, stopped = None, 0, None
+    try:
+        for rnd in range(1, rounds + 1):
+            t0 = time.perf_counter()
+            clients = sim.select(rnd)
+            sim.ledger.start_round()
+            metrics = sim.scheme.round(sim, rnd, clients)
+            if sim.device.type == "cuda":
+                torch.cuda.synchronize(sim.device)
+            metrics = {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
+            metrics.update(sim.ledger.metrics())
+            metrics["clients"] = float(len(clients))
+            metrics["cost_bits"] = paper_cost_bits(r, sim.n, rnd, fraction)
+            eps = sim.epsilon()
+            if eps is not None:
+                metrics["epsilon"] = eps
+                metrics.update(sim.last_dp_diagnostics)
+            if not torch.isfinite(sim.params).all():
+                raise FloatingPointError(f"the global model has NaN/inf parameters after round {rnd}")
+            metrics["round_seconds"] = time.perf_counter() - t0
+            evaluated = rnd % int(c["eval_every"]) == 0 or rnd == rounds
+            if evaluated:
+                ev = sim.evaluate("test")
+                metrics["test_loss"] = ev["loss"]
+                metrics[key] = ev["accuracy"] if task == "classification" else ev["mse"]
+                if not best or better(metrics[key], best["value"]):
+                    best = {"value": metrics[key], "round": rnd, "cost": metrics["cost_bits"],
+                            "uplink": metrics["uplink_bytes_total"], "epsilon": metrics.get("epsilon", math.nan)}
+            if evaluated and c["patience"] > 0:
+                ev = sim.evaluate("validation")
+                val = ev["accuracy"] if task == "classification" else ev["mse"]
+                metrics["val_" + key.removeprefix("test_")] = val
+                if best_val is None or better(val, best_val):
+                    best_val, since_best = val, 0
+                else:
+                    since_best += 1
+            tracker.log_metrics(metrics, step=rnd)
+            csv_log.append(rnd, metrics)
+            progress.update(rnd, rounds, metrics)
+            if c["patience"] > 0 and since_best >= int(c["patience"]):
+                stopped = rnd
+                log.info("early stopping at round %d: no improvement on the held-out split for %d evaluations",
+                         rnd, since_best)
+                break
+    finally:
+        progress.close()
+        if csv_log.rows:
+            plot_curve(csv_log.rows, key, out_dir / f"{key}.png",
+                       f"{built.names['scheme']} on {built.names['dataset']} ({built.names['model']})")
+    last = csv_log.rows[-1]
+    summary = {f"best_{key}": best["value"], "best_round": float(best["round"]),
+               "cost_bits_at_best": best["cost"], "uplink_bytes_at_best": best["uplink"],
+               "rounds_completed": float(last["round"]),
+               "uplink_bytes_final": last["uplink_bytes_total"], "downlink_bytes_final": last["downlink_bytes_total"]}
+    if "epsilon" in last:
+        summary["epsilon_final"] = last["epsilon"]
+        summary["epsilon_at_best"] = best["epsilon"]
+    if stopped is not None:
+        summary["stopped_round"] = float(stopped)
+    return summary
+
+
+def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None) -> dict[str, float]:
+    """Run one experiment from a (Hydra) config; returns the summary metrics."""
+    from fedrun.tracking import NullTracker, flatten, git_commit
+
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    out = Path(out_dir) if out_dir is not None else Path.cwd()
+    out.mkdir(parents=True, exist_ok=True)
+    built = build(c)
+    tracker = tracker or NullTracker()
+    names = built.names
+    tags = {"scheme": names["scheme"], "dataset": names["dataset"], "model": names["model"],
+            "partition": names["partition"], "dp": names["dp"], "git_commit": git_commit(),
+            "fedrun.num_parameters": str(built.sim.n)}
+    params = flatten({k: v for k, v in c.items() if k != "hydra"})
+    run_name = c.get("tracking", {}).get("run_name") or f"{names['scheme']}-{names['dataset']}"
+    tracker.start(params, tags, run_name=run_name)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(c)))
+    tracker.log_metrics({f"partition_{k}": float(v) for k, v in built.partition_stats.items()}, step=0)
+    if built.sim.client_dp is not None:
+        dp = built.sim.client_dp
+        tracker.set_tags({"dp.mechanism": "poisson_subsampled_gaussian", "dp.noise_multiplier": f"{dp.noise_multiplier:.6g}",
+                          "dp.sampling_probability": dp.sampling_probability, "dp.clipping_norm": dp.clipping_norm,
+                          "dp.delta": dp.delta})
+    log.info("%s: %s | %s", names["scheme"], tracker.where, "outputs in " + str(out))
+    status = "FAILED"
+    try:
+        summary = run_rounds(built, c, tracker, out)
+        if built.sim.accountant is not None:
+            summary.update({f"epsilon_{k}": v for k, v in built.sim.accountant.summary().items()
+                            if isinstance(v, (int, float))})
+        tracker.log_metrics(summary, step=int(summary["rounds_completed"]))
+        status = "FINISHED"
+        return summary
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        for name in ("config.yaml", "metrics.csv", "test_accuracy.png", "test_mse.png"):
+            if (out / name).exists():
+                try:
+                    tracker.log_artifact(out / name)
+                except Exception as exc:  # noqa: BLE001 - never lose the run over an artifact upload
+                    log.warning("could not log artifact %s: %s", name, exc)
+        tracker.end(status)

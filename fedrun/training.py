@@ -1,0 +1,252 @@
+"""Local training of many clients at once, plus the sequential reference path.
+
+Two local-training modes cover the papers:
+
+* ``sgd`` — T mini-batch SGD steps with batch size B (papers 000, 002, 003);
+* ``gd``  — E full-batch gradient steps on the client's whole data (paper 001).
+
+Each step may clip the client's gradient to an L2 norm (``clip_norm``, paper 001's per-iteration
+clipping ζ) and subtract a per-client correction vector c (FedSKETCHGATE's gradient tracking,
+x ← x − η(g − c)).
+
+The vectorized path runs all selected clients together: their parameters are rows of one [K, n] tensor
+and one ``vmap``-ed ``torch.func.grad`` computes every client's gradient per step; unequal client sizes
+are handled by padding each batch to a common size with a 0/1 mask in the loss. Clients are processed
+in chunks of ``chunk_size`` so memory stays bounded. The sequential path trains client after client with
+the ordinary ``nn.Module`` + autograd idiom and the same batches; it is the reference the vectorized
+path is tested against and the baseline of the speed benchmark.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from fedrun.models.flat import FlatParams
+from fedrun.rng import numpy_rng
+
+MODES = ("sgd", "gd")
+LOSSES = ("cross_entropy", "mse")
+
+
+@dataclass(frozen=True)
+class LocalSpec:
+    """What one selected client does locally in a round."""
+
+    mode: str = "sgd"
+    steps: int = 10
+    batch_size: int = 10
+    lr: float = 0.05
+    clip_norm: float | None = None
+    loss: str = "cross_entropy"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"local mode={self.mode!r} is unknown; allowed: {', '.join(MODES)}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss={self.loss!r} is unknown; allowed: {', '.join(LOSSES)}")
+        if int(self.steps) < 1:
+            raise ValueError(f"local steps={self.steps} must be >= 1")
+        if int(self.batch_size) < 1:
+            raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+        if not float(self.lr) > 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+        if self.clip_norm is not None and not float(self.clip_norm) > 0:
+            raise ValueError(f"clip_norm={self.clip_norm} must be > 0 (or null for no clipping)")
+
+
+@dataclass
+class ClientData:
+    """The training samples (on the compute device) and which of them each client holds."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    parts: list[np.ndarray]
+
+    def __post_init__(self) -> None:
+        self.sizes = np.array([len(p) for p in self.parts], dtype=np.int64)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.parts)
+
+
+def batch_plan(data: ClientData, client_ids: Sequence[int], spec: LocalSpec, seed: int,
+               rnd: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample indices for every step of every client: ([K, S, B] global indices, [K, S, B] 0/1 mask).
+
+    ``sgd``: client k's T batches take min(B, n_k) samples each, walking through fresh random
+    permutations of its data (epoch by epoch); ``gd``: one plan row (S = 1) with all of the client's
+    samples, reused by every step. Padding positions point at the client's first sample with mask 0.
+    Draws come from the (seed, round, client) stream, so any subset or order of clients gets the
+    same batches.
+    """
+    ids = [int(c) for c in client_ids]
+    sizes = data.sizes[ids]
+    if spec.mode == "gd":
+        width, steps = int(sizes.max()), 1
+    else:
+        width, steps = int(min(spec.batch_size, sizes.max())), int(spec.steps)
+    idx = np.empty((len(ids), steps, width), dtype=np.int64)
+    mask = np.zeros((len(ids), steps, width), dtype=np.float32)
+    for row, (cid, n_k) in enumerate(zip(ids, sizes)):
+        part = data.parts[cid]
+        if spec.mode == "gd":
+            idx[row, 0, :n_k] = part
+            idx[row, 0, n_k:] = part[0]
+            mask[row, 0, :n_k] = 1.0
+            continue
+        b = min(width, n_k)
+        need = steps * b
+        rng = numpy_rng(seed, "batches", rnd, cid)
+        perms = [rng.permutation(n_k) for _ in range(-(-need // n_k))]
+        order = np.concatenate(perms)[:need].reshape(steps, b)
+        idx[row, :, :b] = part[order]
+        idx[row, :, b:] = part[0]
+        mask[row, :, :b] = 1.0
+    return torch.from_numpy(idx), torch.from_numpy(mask)
+
+
+def _masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "cross_entropy":
+        per = F.cross_entropy(out, y, reduction="none")
+    else:
+        per = (out - y) ** 2
+    return (per * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def _clip(g: torch.Tensor, clip_norm: float | None) -> torch.Tensor:
+    """Scale each row of g to L2 norm ≤ clip_norm."""
+    if clip_norm is None:
+        return g
+    norms = g.norm(dim=-1, keepdim=True)
+    return g * torch.clamp(clip_norm / norms.clamp_min(1e-12), max=1.0)
+
+
+class Trainer:
+    """Runs local training for a set of clients, vectorized (default) or sequentially."""
+
+    def __init__(self, model: nn.Module, layout: FlatParams, data: ClientData, spec: LocalSpec,
+                 seed: int, chunk_size: int = 64) -> None:
+        if int(chunk_size) < 1:
+            raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+        self.model = model
+        self.layout = layout
+        self.data = data
+        self.spec = spec
+        self.seed = int(seed)
+        self.chunk_size = int(chunk_size)
+        self._frozen = {n: p.detach() for n, p in model.named_parameters() if n not in set(layout.names)}
+
+        def loss_fn(flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+            params = {**self._frozen, **layout.unflatten(flat)}
+            return _masked_loss(functional_call(model, params, (x,)), y, m, spec.loss)
+
+        self._step_fn = vmap(grad_and_value(loss_fn))
+
+    # -- vectorized -------------------------------------------------------------------------------
+    def train(self, params: torch.Tensor, client_ids: Sequence[int], rnd: int,
+              correction: torch.Tensor | None = None) -> Iterator[tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
+        """Yield (client ids of the chunk, their local models [k, n], their mean local loss [k]) chunk by chunk.
+
+        ``correction`` (optional, [K, n] aligned with ``client_ids``) is subtracted from every local
+        gradient (gradient tracking).
+        """
+        ids = np.asarray(client_ids, dtype=np.int64)
+        for start in range(0, len(ids), self.chunk_size):
+            chunk = ids[start:start + self.chunk_size]
+            corr = None if correction is None else correction[start:start + self.chunk_size]
+            new, losses = self._train_chunk(params, chunk, rnd, corr)
+            yield chunk, new, losses
+
+    def _train_chunk(self, params: torch.Tensor, chunk: np.ndarray, rnd: int,
+                     corr: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        spec, data = self.spec, self.data
+        idx, mask = batch_plan(data, chunk, spec, self.seed, rnd)
+        idx, mask = idx.to(data.x.device), mask.to(data.x.device)
+        p = params.detach().unsqueeze(0).repeat(len(chunk), 1)
+        loss_sum = torch.zeros(len(chunk), device=params.device)
+        plan_steps = idx.shape[1]
+        x_fixed = y_fixed = None
+        if plan_steps == 1:  # full-batch: gather once
+            x_fixed, y_fixed = data.x[idx[:, 0]], data.y[idx[:, 0]]
+        for t in range(spec.steps):
+            if x_fixed is not None:
+                xb, yb, mb = x_fixed, y_fixed, mask[:, 0]
+            else:
+                xb, yb, mb = data.x[idx[:, t]], data.y[idx[:, t]], mask[:, t]
+            g, loss = self._step_fn(p, xb, yb, mb)
+            g = _clip(g, spec.clip_norm)
+            if corr is not None:
+                g = g - corr
+            p = p - spec.lr * g
+            loss_sum += loss.detach()
+        return p, loss_sum / spec.steps
+
+    # -- sequential reference ---------------------------------------------------------------------
+    def train_sequential(self, params: torch.Tensor, client_ids: Sequence[int], rnd: int,
+                         correction: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Client after client with a plain nn.Module and autograd; same batches and math as :meth:`train`."""
+        spec, data = self.spec, self.data
+        ids = np.asarray(client_ids, dtype=np.int64)
+        idx, mask = batch_plan(data, ids, spec, self.seed, rnd)
+        idx, mask = idx.to(data.x.device), mask.to(data.x.device)
+        module = copy.deepcopy(self.model)
+        trainable = [dict(module.named_parameters())[n] for n in self.layout.names]
+        for p in module.parameters():
+            p.requires_grad_(False)
+        for p in trainable:
+            p.requires_grad_(True)
+        out_params, out_losses = [], []
+        for row in range(len(ids)):
+            self.layout.load_into(module, params)
+            total = 0.0
+            for t in range(spec.steps):
+                s = 0 if idx.shape[1] == 1 else t
+                xb, yb, mb = data.x[idx[row, s]], data.y[idx[row, s]], mask[row, s]
+                loss = _masked_loss(module(xb), yb, mb, spec.loss)
+                grads = torch.autograd.grad(loss, trainable)
+                g = torch.cat([gr.reshape(-1) for gr in grads])
+                g = _clip(g.unsqueeze(0), spec.clip_norm)[0]
+                if correction is not None:
+                    g = g - correction[row]
+                with torch.no_grad():
+                    offset = 0
+                    for p in trainable:
+                        n = p.numel()
+                        p -= spec.lr * g[offset:offset + n].view_as(p)
+                        offset += n
+                total += float(loss.detach())
+            out_params.append(self.layout.flatten(module))
+            out_losses.append(total / spec.steps)
+        return torch.stack(out_params), torch.tensor(out_losses)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, layout: FlatParams, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+             loss: str, batch_size: int = 2048) -> dict[str, float]:
+    """Loss and accuracy (classification) or MSE (regression) of the flat ``params`` on (x, y)."""
+    module_params = {**{n: p.detach() for n, p in model.named_parameters()}, **layout.unflatten(params)}
+    total_loss, correct, count = 0.0, 0, 0
+    for s in range(0, len(x), batch_size):
+        xb, yb = x[s:s + batch_size], y[s:s + batch_size]
+        out = functional_call(model, module_params, (xb,))
+        if loss == "cross_entropy":
+            total_loss += float(F.cross_entropy(out, yb, reduction="sum"))
+            correct += int((out.argmax(-1) == yb).sum())
+        else:
+            total_loss += float(((out - yb) ** 2).sum())
+        count += len(xb)
+    if count == 0:
+        raise ValueError("cannot evaluate on an empty split")
+    mean = total_loss / count
+    if loss == "cross_entropy":
+        return {"loss": mean, "accuracy": correct / count}
+    return {"loss": mean, "mse": mean}
