@@ -1,0 +1,318 @@
+"""Privacy accounting (fedrun.privacy.accounting) against independent references.
+
+References written here, not taken from dp_accounting:
+* the exact (analytic) Gaussian mechanism of Balle & Wang 2018, Thm 8: for sensitivity 1 and noise std σ,
+  δ(ε) = Φ(1/(2σ) − εσ) − e^ε Φ(−1/(2σ) − εσ);
+* the Laplace mechanism's exact privacy profile δ(ε) = 1 − e^{(ε−ε₀)/2} for 0 ≤ ε ≤ ε₀ (hockey-stick
+  divergence of Lap(0, b) vs Lap(1, b), ε₀ = 1/b, worked out by integrating the privacy-loss density);
+* the moments accountant with integer orders (Abadi et al. 2016; Mironov, Talwar, Zhang 2019:
+  A_α = Σ_k C(α,k)(1−q)^{α−k} q^k exp((k²−k)/(2σ²))), with the classic RDP→DP conversion
+  ε = min_α RDP(α) + log(1/δ)/(α−1) (Mironov 2017, Prop. 3) and the improved one
+  ε = min_α RDP(α) + log(1 − 1/α) − log(δα)/(α−1) (Balle et al. 2020, Prop. 12), checked against published
+  numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import brentq
+from scipy.special import gammaln, logsumexp
+from scipy.stats import norm
+
+from fedrun.privacy.accounting import (
+    PrivacyAccountant,
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    gaussian_composition_epsilon,
+    laplace_basic_composition,
+)
+from fedrun.privacy.mechanisms import GaussianEvent, LaplaceEvent, PoissonGaussianEvent
+
+
+# ------------------------------------------------------------------------------------------- references
+def analytic_gaussian_epsilon(sigma: float, delta: float) -> float:
+    """Exact ε of the Gaussian mechanism (sensitivity 1, std σ) — Balle & Wang 2018, Thm 8."""
+
+    def delta_of(eps: float) -> float:
+        return norm.cdf(0.5 / sigma - eps * sigma) - math.exp(eps) * norm.cdf(-0.5 / sigma - eps * sigma)
+
+    if delta_of(0.0) <= delta:
+        return 0.0
+    return brentq(lambda e: delta_of(e) - delta, 0.0, 200.0, xtol=1e-13)
+
+
+def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
+    k = np.arange(alpha + 1)
+    log_binom = gammaln(alpha + 1) - gammaln(k + 1) - gammaln(alpha - k + 1)
+    return float(logsumexp(log_binom + (alpha - k) * math.log1p(-q) + k * math.log(q) + (k * k - k) / (2 * sigma**2)))
+
+
+def moments_accountant_epsilon(q: float, sigma: float, steps: int, delta: float, conversion: str) -> float:
+    """Integer-order RDP of the Poisson-subsampled Gaussian, composed ``steps`` times, converted to ε."""
+    best = math.inf
+    for alpha in range(2, 257):
+        rdp = steps * _log_a_integer(q, sigma, alpha) / (alpha - 1)
+        if conversion == "classic":
+            eps = rdp + math.log(1 / delta) / (alpha - 1)
+        else:
+            eps = rdp + math.log1p(-1 / alpha) - math.log(delta * alpha) / (alpha - 1)
+        best = min(best, eps)
+    return best
+
+
+# ---------------------------------------------------------------------------- Gaussian mechanism, q = 1, T = 1
+@pytest.mark.parametrize("sigma", [0.8, 1.0, 2.0, 5.0])
+@pytest.mark.parametrize("delta", [1e-5, 1e-3])
+def test_single_gaussian_matches_analytic_gaussian(sigma, delta):
+    exact = analytic_gaussian_epsilon(sigma, delta)
+    pld = compute_epsilon(sigma, 1.0, 1, delta, accountant="pld")
+    rdp = compute_epsilon(sigma, 1.0, 1, delta, accountant="rdp")
+    assert pld == pytest.approx(exact, rel=1e-2)
+    assert pld >= exact * (1 - 1e-6)  # pessimistic discretization: still an upper bound
+    assert exact <= rdp <= 1.25 * exact  # RDP is an upper bound, ~10 % loose here
+
+
+def test_gaussian_composition_is_one_gaussian_with_combined_noise():
+    """T Gaussian releases with σ_i compose exactly to one with σ_eff = (Σ σ_i⁻²)^(-1/2) (no subsampling)."""
+    sigmas = [3.0, 3.0, 4.0, 6.0, 6.0, 6.0]
+    sigma_eff = sum(s**-2 for s in sigmas) ** -0.5
+    exact = analytic_gaussian_epsilon(sigma_eff, 1e-5)
+    assert gaussian_composition_epsilon(sigmas, 1e-5, accountant="pld") == pytest.approx(exact, rel=1e-2)
+    assert gaussian_composition_epsilon(sigmas, 1e-5, accountant="rdp") >= exact
+    # Constant σ over T rounds is compute_epsilon with q = 1.
+    assert gaussian_composition_epsilon([2.0] * 7, 1e-5) == pytest.approx(compute_epsilon(2.0, 1.0, 7, 1e-5))
+    assert gaussian_composition_epsilon([], 1e-5) == 0.0
+    assert gaussian_composition_epsilon([1.0, 0.0], 1e-5) == math.inf  # one release without noise
+    with pytest.raises(ValueError, match=r"noise_multipliers\[1\]=-1"):
+        gaussian_composition_epsilon([1.0, -1.0], 1e-5)
+
+
+# ------------------------------------------------------------------------------------------- Laplace / pure DP
+def test_laplace_basic_composition_closed_form():
+    assert laplace_basic_composition([0.1, 0.25, 0.4]) == pytest.approx(0.75)
+    assert laplace_basic_composition([0.5] * 20) == pytest.approx(10.0)
+    assert laplace_basic_composition([]) == 0.0
+    assert laplace_basic_composition([0.5, math.inf]) == math.inf
+    with pytest.raises(ValueError, match=r"epsilons\[1\]=0"):
+        laplace_basic_composition([0.5, 0.0])
+
+
+def test_single_laplace_event_matches_exact_profile():
+    eps0, delta = 0.5, 1e-5
+    exact = eps0 + 2 * math.log1p(-delta)  # solves 1 − e^{(ε−ε₀)/2} = δ
+    acc = PrivacyAccountant(delta)
+    acc.record(LaplaceEvent(eps0))
+    assert acc.epsilon("pld") == pytest.approx(exact, abs=2e-4)
+    assert acc.epsilon("pld") >= exact - 1e-9
+    assert acc.epsilon("rdp") >= exact - 1e-9
+
+
+def test_laplace_composition_bounded_by_basic_composition():
+    """k Laplace releases: ε ≤ kε₀ (basic composition), and ≥ kε₀ + ln(1 − 2^k δ), because with
+    probability 2^-k every output falls where the privacy loss is ε₀, so δ(ε) ≥ 2^-k (1 − e^{ε − kε₀})."""
+    eps0, k, delta = 0.3, 3, 1e-5
+    basic = laplace_basic_composition([eps0] * k)
+    acc = PrivacyAccountant(delta)
+    for _ in range(k):
+        acc.record(LaplaceEvent(eps0))
+    assert basic + math.log1p(-(2**k) * delta) <= acc.epsilon("pld") <= basic + 2e-4
+
+
+# ------------------------------------------------------------------------------------------ published numbers
+# tensorflow/privacy, tutorials/README.md ("Select Parameters" table): MNIST, N = 60000, batch 256, δ = 1e-5,
+# steps = ceil(epochs·N/batch): (σ = 1.3, 15 epochs) → ε = 1.19; (1.1, 60) → 3.01; (0.7, 45) → 7.10.
+# Abadi et al. 2016, Sec. 3.1: q = 0.01, σ = 4, δ = 1e-5, T = 10000 → ε ≈ 1.26 (moments accountant).
+PUBLISHED = [
+    (256 / 60000, 1.3, math.ceil(15 * 60000 / 256), 1.19),
+    (256 / 60000, 1.1, math.ceil(60 * 60000 / 256), 3.01),
+    (256 / 60000, 0.7, math.ceil(45 * 60000 / 256), 7.10),
+    (0.01, 4.0, 10000, 1.26),
+]
+
+
+@pytest.mark.parametrize("q,sigma,steps,published", PUBLISHED)
+def test_reference_moments_accountant_reproduces_published(q, sigma, steps, published):
+    # The published numbers used the classic conversion (and fractional orders too, hence ≤ ours).
+    ours = moments_accountant_epsilon(q, sigma, steps, 1e-5, "classic")
+    assert ours == pytest.approx(published, rel=5e-3)
+
+
+@pytest.mark.parametrize("q,sigma,steps,published", PUBLISHED)
+def test_rdp_and_pld_against_published_settings(q, sigma, steps, published):
+    reference = moments_accountant_epsilon(q, sigma, steps, 1e-5, "improved")
+    rdp = compute_epsilon(sigma, q, steps, 1e-5, accountant="rdp")
+    # Same RDP curve and conversion; the library also tries fractional orders, so it can only be lower.
+    assert reference * 0.99 <= rdp <= reference * (1 + 1e-9)
+    assert rdp < published  # tighter conversion than the published (classic) numbers
+    pld = compute_epsilon(sigma, q, steps, 1e-5, accountant="pld")
+    assert 0.8 * rdp <= pld <= rdp
+
+
+# ----------------------------------------------------------------------------------------------- monotonicity
+@settings(max_examples=10, deadline=None)
+@given(
+    sigma=st.floats(0.8, 8.0),
+    q=st.floats(1e-3, 1.0),
+    rounds=st.integers(1, 400),
+    factor=st.floats(1.05, 3.0),
+)
+def test_rdp_epsilon_monotone(sigma, q, rounds, factor):
+    eps = compute_epsilon(sigma, q, rounds, 1e-5)
+    assert compute_epsilon(sigma, q, rounds + int(factor * 10), 1e-5) >= eps * (1 - 1e-12)
+    assert compute_epsilon(sigma, min(1.0, q * factor), rounds, 1e-5) >= eps * (1 - 1e-12)
+    assert compute_epsilon(sigma * factor, q, rounds, 1e-5) <= eps * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("base", [(2.0, 0.1, 20), (4.0, 1.0, 3)])
+def test_pld_epsilon_monotone(base):
+    sigma, q, rounds = base
+    eps = compute_epsilon(sigma, q, rounds, 1e-5, "pld")
+    assert compute_epsilon(sigma, q, 2 * rounds, 1e-5, "pld") >= eps
+    assert compute_epsilon(sigma, min(1.0, 1.5 * q), rounds, 1e-5, "pld") >= eps
+    assert compute_epsilon(1.5 * sigma, q, rounds, 1e-5, "pld") <= eps
+    assert compute_epsilon(sigma, q, rounds, 1e-3, "pld") <= eps  # larger δ, smaller ε
+
+
+# ------------------------------------------------------------------------------------------------ calibration
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+@pytest.mark.parametrize("target,q,rounds", [(1.0, 0.1, 200), (0.5, 1.0, 1), (2.0, 0.2, 30)])
+def test_calibration_round_trip(accountant, target, q, rounds):
+    sigma = calibrate_noise_multiplier(target, q, rounds, 1e-5, accountant)
+    eps = compute_epsilon(sigma, q, rounds, 1e-5, accountant)
+    assert 0.99 * target <= eps <= target
+    # smallest: 1 % less noise already breaks the target
+    assert compute_epsilon(sigma * 0.99, q, rounds, 1e-5, accountant) > target * 0.99
+
+
+def test_calibration_single_gaussian_matches_analytic():
+    """q = 1, T = 1: calibrated σ (PLD) ≈ σ solving the exact analytic Gaussian for ε = 1."""
+    sigma = calibrate_noise_multiplier(1.0, 1.0, 1, 1e-5, "pld")
+    exact_sigma = brentq(lambda s: analytic_gaussian_epsilon(s, 1e-5) - 1.0, 0.5, 50)
+    assert sigma == pytest.approx(exact_sigma, rel=0.015)
+    assert sigma >= exact_sigma * (1 - 1e-6)  # never less noise than the exact answer
+
+
+def test_calibration_unreachable_target():
+    # Gaussian: ε(σ) ≈ √(2 ln(1.25/δ))/σ, so ε = 1e-9 at δ = 1e-10 needs σ ≈ 7e9 > the 1e6 search limit.
+    with pytest.raises(ValueError, match="cannot be met"):
+        calibrate_noise_multiplier(1e-9, 1.0, 1, 1e-10)
+
+
+# ------------------------------------------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(noise_multiplier=0.0), "noise_multiplier=0.0"),
+        (dict(noise_multiplier=-1.0), "noise_multiplier=-1.0"),
+        (dict(sampling_probability=0.0), r"sampling_probability=0.0 is outside \(0, 1\]"),
+        (dict(sampling_probability=1.5), "sampling_probability=1.5"),
+        (dict(rounds=0), "rounds=0"),
+        (dict(rounds=2.5), "rounds=2.5"),
+        (dict(delta=1.5), r"delta=1.5 is outside \(0, 1\)"),
+        (dict(delta=0.0), "delta=0.0"),
+        (dict(accountant="moments"), "accountant='moments'"),
+    ],
+)
+def test_compute_epsilon_validation(kwargs, match):
+    args = dict(noise_multiplier=1.0, sampling_probability=0.1, rounds=10, delta=1e-5, accountant="rdp")
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        compute_epsilon(**args)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(target_epsilon=0.0), "target_epsilon=0.0"),
+        (dict(target_epsilon=-2.0), "target_epsilon=-2.0"),
+        (dict(delta=1.0), "delta=1.0"),
+        (dict(sampling_probability=2.0), "sampling_probability=2.0"),
+        (dict(rounds=-3), "rounds=-3"),
+        (dict(accountant="gdp"), "accountant='gdp'"),
+    ],
+)
+def test_calibration_validation(kwargs, match):
+    args = dict(target_epsilon=1.0, sampling_probability=0.1, rounds=10, delta=1e-5, accountant="rdp")
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        calibrate_noise_multiplier(**args)
+
+
+# ------------------------------------------------------------------------------------------ PrivacyAccountant
+def test_accountant_equals_compute_epsilon_for_constant_events():
+    acc = PrivacyAccountant(1e-5)
+    assert acc.epsilon() == 0.0 and acc.epsilon("pld") == 0.0
+    for _ in range(50):
+        acc.record(PoissonGaussianEvent(2.0, 0.1))
+    assert acc.epsilon("rdp") == pytest.approx(compute_epsilon(2.0, 0.1, 50, 1e-5, "rdp"), rel=1e-12)
+    assert acc.epsilon("pld") == pytest.approx(compute_epsilon(2.0, 0.1, 50, 1e-5, "pld"), rel=1e-9)
+    summary = acc.summary()
+    assert summary["epsilon_rdp"] == acc.epsilon("rdp") and summary["epsilon_pld"] == acc.epsilon("pld")
+    assert summary["rounds"] == 50 and summary["delta"] == 1e-5
+    assert summary["epsilon_pld"] < summary["epsilon_rdp"]
+
+
+def test_accountant_running_epsilon_tracks_rounds():
+    acc = PrivacyAccountant(1e-5)
+    history = []
+    for _ in range(30):
+        acc.record(PoissonGaussianEvent(2.0, 0.2))
+        history.append(acc.epsilon())
+    assert all(b >= a for a, b in zip(history, history[1:]))
+    assert history[9] == pytest.approx(compute_epsilon(2.0, 0.2, 10, 1e-5), rel=1e-12)
+
+
+def test_accountant_mixed_events():
+    """Order does not matter; mixing σ = 2 and σ = 4 rounds lies between all-σ=2 and all-σ=4."""
+    a, b = PrivacyAccountant(1e-5), PrivacyAccountant(1e-5)
+    events = [PoissonGaussianEvent(2.0, 0.1)] * 20 + [PoissonGaussianEvent(4.0, 0.1)] * 20
+    for e in events:
+        a.record(e)
+    for e in reversed(events):
+        b.record(e)
+    for name in ("rdp", "pld"):
+        assert a.epsilon(name) == pytest.approx(b.epsilon(name), rel=1e-9)
+        assert compute_epsilon(4.0, 0.1, 40, 1e-5, name) < a.epsilon(name) < compute_epsilon(2.0, 0.1, 40, 1e-5, name)
+    # A round with q = 1 and no subsampling is the same whichever event type describes it.
+    c, d = PrivacyAccountant(1e-5), PrivacyAccountant(1e-5)
+    c.record(GaussianEvent(3.0))
+    d.record(PoissonGaussianEvent(3.0, 1.0))
+    assert c.epsilon() == d.epsilon()
+    # A round without noise makes ε infinite.
+    c.record(GaussianEvent(0.0))
+    assert c.epsilon() == math.inf and c.epsilon("pld") == math.inf
+
+
+def test_accountant_state_dict_round_trip():
+    acc = PrivacyAccountant(1e-5)
+    for t in range(40):
+        acc.record(PoissonGaussianEvent(2.0 if t < 25 else 3.0, 0.05))
+    acc.record(LaplaceEvent(0.2))
+    state = json.loads(json.dumps(acc.state_dict()))  # plain JSON
+    resumed = PrivacyAccountant(1e-5)
+    resumed.load_state_dict(state)
+    assert resumed.events == acc.events
+    assert resumed.epsilon("rdp") == acc.epsilon("rdp")
+    assert resumed.epsilon("pld") == acc.epsilon("pld")
+    resumed.record(PoissonGaussianEvent(3.0, 0.05))
+    assert resumed.epsilon() > acc.epsilon()
+    with pytest.raises(ValueError, match="delta"):
+        PrivacyAccountant(1e-6).load_state_dict(state)
+    with pytest.raises(ValueError, match="event type 'Bogus'"):
+        PrivacyAccountant(1e-5).load_state_dict({"delta": 1e-5, "events": [{"type": "Bogus"}]})
+
+
+def test_accountant_validation():
+    with pytest.raises(ValueError, match="delta=0"):
+        PrivacyAccountant(0)
+    acc = PrivacyAccountant(1e-5)
+    with pytest.raises(ValueError, match="event="):
+        acc.record("gaussian")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="accountant='prv'"):
+        acc.epsilon("prv")
