@@ -1,0 +1,463 @@
+"""Count sketch and the FedSKETCH unsketch operators PRIVIX, HEAVYMIX and HEAPRIX (paper 002).
+
+A count sketch (paper 002, Alg. 1) with ``t = rows`` arrays of ``k = cols`` bins maps ``x ∈ R^d`` to
+``S(x) ∈ R^{t×k}`` with ``S[j, h_j(i)] += s_j(i)·x_i``. The hashes are shared by all participants: they
+are a pure function of an integer seed, so devices and server agree without sending them. ``S`` is linear,
+``S(a) + S(b) = S(a + b)`` and ``S(c·a) = c·S(a)``, so the server can average sketches instead of vectors.
+
+Operators (names and algorithm numbers from paper 002):
+
+* ``privix``   Alg. 2, ``x̃_i = median_j s_j(i)·S[j, h_j(i)]`` — unbiased (see ``CountSketch.privix``).
+* ``heavymix`` Alg. 3, keep the ``m`` coordinates with the largest ``|x̃_i|``, zero elsewhere — biased.
+* ``heaprix``  Alg. 4, ``HEAVYMIX[S(x)] + PRIVIX[S(x − HEAVYMIX[S(x)])]``; with the optional second
+  exchange of exact heavy values (SketchedSGD, Ivkin et al. 2019) — protocol in ``CountSketch.heaprix``.
+
+Hash family and memory
+----------------------
+Buckets and signs come from the Carter–Wegman 2-universal family over the Mersenne prime
+``p = 2^31 − 1``, one independent coefficient pair per row and per hash kind:
+
+    h_j(i) = ((a_j·i + b_j) mod p) mod k,      s_j(i) = 1 − 2·(((c_j·i + e_j) mod p) mod 2),
+
+with ``a_j, c_j ∈ [1, p)`` and ``b_j, e_j ∈ [0, p)`` drawn from a private CPU ``torch.Generator`` seeded
+from ``seed`` (the caller's torch/numpy RNG state is never touched; the coefficients, hence the hashes,
+are identical on every device). The paper asks for pairwise independent ``h_j`` and ``s_j`` (Alg. 1): this
+family gives that up to O(1/p) (``E[s_j(i)s_j(l)] = −1/p`` for ``i ≠ l``). All arithmetic is exact in
+int64 (``a·i + b < 2^62``), on CPU and CUDA alike. Why not random tables: storing ``h`` and ``s`` as
+int64 ``[t, d]`` costs 16·t·d bytes (1.6 GB for d = 1M, t = 50) and must be drawn on the CPU to be
+device-independent; the universal hash is four integers per row and can be evaluated on the fly, chunk
+by chunk, at any coordinate (``heaprix`` sketches its ``m`` heavy coordinates without touching the other
+``d − m``). For speed the hashes are cached as int32 flat bin indices ``j·k + h_j(i)`` plus int8 signs
+(5 bytes per (row, coordinate): 15 MB for LeNet-5 with t = 50) when ``rows·dim <= 2^25``; larger
+sketches (e.g. d = 1M, t = 50, which would need 250 MB) recompute the hashes per call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+__all__ = [
+    "MERSENNE_PRIME",
+    "CountSketch",
+    "compression_ratio",
+    "sketch_epsilon",
+]
+
+MERSENNE_PRIME: int = 2**31 - 1
+"""The prime ``p`` of the hash family; coordinates must satisfy ``dim < p``."""
+
+_CACHE_LIMIT = 1 << 25  # cache the hashes when rows·dim <= this (5 bytes each: <= 168 MB)
+_CHUNK_ELEMENTS = 1 << 22  # work tensors of at most ~this many float32 elements (16 MB) per chunk
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r}; allowed: an int")
+    if value < low or (high is not None and value > high):
+        upper = "" if high is None else f" <= {high}"
+        raise ValueError(f"{name}={value}; allowed: {low} <= {name}{upper}")
+    return value
+
+
+def compression_ratio(dim: int, rows: int, cols: int) -> float:
+    """Uplink compression ``d / (t·k)`` of a ``t × k`` float32 sketch of a ``d``-vector (float32 too).
+
+    Paper 002, Sec. 7: ``(t, k) = (20, 40)`` and ``(50, 100)`` on LeNet-5 "correspond to a 75× and 12×
+    compression ratio" — exact for d = 60,000; the classic LeNet-5 has d = 61,706 (77.13× and 12.34×).
+    """
+    _check_int("dim", dim, 1)
+    _check_int("rows", rows, 1)
+    _check_int("cols", cols, 1)
+    return dim / (rows * cols)
+
+
+def sketch_epsilon(rows: int, cols: int, length: int, sigma: float, bound_C: float, alpha: float) -> float:
+    """ε of a ``rows × cols`` count sketch of a ``length``-vector (paper 002, Theorem 1, from Li et al.).
+
+    ``ε = t·ln(1 + q)`` with ``q = α C² m(m−1) / (σ²(l−2)) · (1 + ln(l − m))``, in the paper's notation
+    ``t = rows`` arrays, ``m = cols`` bins, ``l = length``. The theorem holds only under the paper's
+    Assumption 1 — the entries of the sketched vector are i.i.d. ``N(0, σ²)`` and bounded, ``|x_i| <= C``
+    (with high probability) — and only "with high probability"; it is not a worst-case DP guarantee for
+    arbitrary model updates, and it assumes no exact values are ever released (so it does not cover the
+    two-exchange HEAPRIX/SketchedSGD variant).
+
+    Choice: when the theorem's side condition ``q <= 1/2 − 1/α`` fails the theorem says nothing, and this
+    function raises ``ValueError`` naming the violated condition and its two sides (rather than returning
+    ``math.inf``, which a table could silently print as a result). Callers sweeping a grid can catch it.
+
+    Raises:
+        ValueError: ``rows < 1``, ``cols < 1``, ``length <= max(2, cols)`` (``ln(l − m)`` and ``l − 2``
+            must be defined and positive), non-positive or non-finite ``sigma``, ``bound_C`` or ``alpha``,
+            or the side condition above.
+    """
+    _check_int("rows", rows, 1)
+    _check_int("cols", cols, 1)
+    _check_int("length", length, max(3, cols + 1))
+    for name, value in (("sigma", sigma), ("bound_C", bound_C), ("alpha", alpha)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name}={value!r}; allowed: a finite number > 0")
+    m, l = cols, length
+    q = alpha * bound_C**2 * m * (m - 1) / (sigma**2 * (l - 2)) * (1.0 + math.log(l - m))
+    limit = 0.5 - 1.0 / alpha
+    if q > limit:
+        raise ValueError(
+            f"Theorem 1 condition violated: alpha*C^2*m(m-1)/(sigma^2(l-2))*(1+ln(l-m)) = {q:.6g} > "
+            f"1/2 - 1/alpha = {limit:.6g} (rows={rows}, cols={cols}, length={length}, sigma={sigma}, "
+            f"bound_C={bound_C}, alpha={alpha}); allowed: the left side <= the right side"
+        )
+    return rows * math.log1p(q)
+
+
+def _median_last(values: torch.Tensor) -> torch.Tensor:
+    """Median over the last dimension; for an even count the midpoint of the two middle values.
+
+    ``torch.median`` returns the lower of the two middle values, which is a biased estimate of the centre
+    of a symmetric distribution; the midpoint is what keeps PRIVIX unbiased for even ``t`` (e.g. 20, 50).
+    """
+    t = values.shape[-1]
+    if t == 1:
+        return values[..., 0]
+    if t % 2 == 1:
+        return values.median(dim=-1).values
+    top = values.topk(t // 2 + 1, dim=-1, largest=True, sorted=True).values
+    return 0.5 * (top[..., -1] + top[..., -2])
+
+
+class CountSketch:
+    """A ``rows × cols`` count sketch of ``dim``-vectors with hashes fixed by ``seed`` (paper 002, Alg. 1).
+
+    Args:
+        dim: ``d``, the length of the sketched vectors, ``1 <= d < 2^31 − 1``.
+        rows: ``t``, the number of hash arrays (the median in PRIVIX is over these), ``>= 1``.
+        cols: ``k``, the number of bins per array (the paper's ``m`` in Theorem 1), ``>= 1``.
+        seed: the shared seed, ``0 <= seed < 2^63``; same seed, same hashes on every participant and device.
+        device: where the cached hashes live and where inputs must be (float32 tensors).
+        cache_hashes: keep the hashes in memory (5 bytes per (row, coordinate)); default: when
+            ``rows·dim <= 2^25``. Results are identical either way.
+        chunk_elements: size budget (float32 elements) of the work tensors of one chunk of coordinates.
+
+    Attributes ``dim, rows, cols, seed, device`` are read-only by convention. ``nbytes`` is the size of one
+    float32 sketch, ``4·t·k`` — what a device uploads per sketch.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        rows: int,
+        cols: int,
+        seed: int,
+        device: torch.device | str = "cpu",
+        *,
+        cache_hashes: bool | None = None,
+        chunk_elements: int = _CHUNK_ELEMENTS,
+    ) -> None:
+        self.dim = _check_int("dim", dim, 1, MERSENNE_PRIME - 1)
+        self.rows = _check_int("rows", rows, 1)
+        self.cols = _check_int("cols", cols, 1, MERSENNE_PRIME)
+        self.seed = _check_int("seed", seed, 0, 2**63 - 1)
+        self.chunk_elements = _check_int("chunk_elements", chunk_elements, 1)
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        # Private CPU generator keyed by (purpose, seed): the caller's RNG is untouched and the
+        # coefficients do not depend on the device.
+        key = hashlib.blake2b(f"fedrun.count_sketch:{seed}".encode(), digest_size=8).digest()
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(int.from_bytes(key, "little") >> 1)
+        p = MERSENNE_PRIME
+        coeffs = torch.empty(rows, 4, dtype=torch.int64)
+        coeffs[:, 0] = torch.randint(1, p, (rows,), generator=gen, dtype=torch.int64)  # a_j (bucket)
+        coeffs[:, 1] = torch.randint(0, p, (rows,), generator=gen, dtype=torch.int64)  # b_j (bucket)
+        coeffs[:, 2] = torch.randint(1, p, (rows,), generator=gen, dtype=torch.int64)  # c_j (sign)
+        coeffs[:, 3] = torch.randint(0, p, (rows,), generator=gen, dtype=torch.int64)  # e_j (sign)
+        self._coeffs_cpu = coeffs
+        self._coeffs = coeffs.to(self.device)
+        self._row_offset = torch.arange(rows, dtype=torch.int64, device=self.device) * cols
+        if cache_hashes is None:
+            cache_hashes = rows * dim <= _CACHE_LIMIT
+        self._flat_cache: torch.Tensor | None = None  # int32 [d, t]: j·k + h_j(i)
+        self._sign_cache: torch.Tensor | None = None  # int8 [d, t]: s_j(i)
+        if cache_hashes:
+            flat, sign = self._hash_range(0, dim)
+            self._flat_cache = flat.to(torch.int32)
+            self._sign_cache = sign.to(torch.int8)
+
+    # ------------------------------------------------------------------ hashes
+    @property
+    def hash_coefficients(self) -> torch.Tensor:
+        """CPU int64 ``[t, 4]``: ``(a_j, b_j, c_j, e_j)`` of ``h_j`` and ``s_j`` (see the module docstring)."""
+        return self._coeffs_cpu.clone()
+
+    def _hash_at(self, coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat bin ``j·k + h_j(i)`` (int64) and sign ``s_j(i)`` (float32), both ``[n, t]``, at ``coords``."""
+        i = coords.to(device=self.device, dtype=torch.int64).unsqueeze(-1)  # [n, 1]
+        a, b, c, e = self._coeffs.unbind(dim=1)  # each [t]
+        p = MERSENNE_PRIME
+        bucket = torch.remainder(torch.remainder(a * i + b, p), self.cols)
+        sign = 1.0 - 2.0 * torch.remainder(torch.remainder(c * i + e, p), 2).to(torch.float32)
+        return bucket + self._row_offset, sign
+
+    def _hash_range(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._flat_cache is not None and self._sign_cache is not None:
+            return (
+                self._flat_cache[start:stop].to(torch.int64),
+                self._sign_cache[start:stop].to(torch.float32),
+            )
+        return self._hash_at(torch.arange(start, stop, dtype=torch.int64, device=self.device))
+
+    def hashes(self, start: int = 0, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Buckets ``h_j(i)`` (int64 in ``[0, k)``) and signs ``s_j(i)`` (float32 ±1), both ``[t, stop−start]``.
+
+        Row ``j``, column ``i − start``; for inspection and tests (the operators use them internally).
+        """
+        stop = self.dim if stop is None else stop
+        _check_int("start", start, 0, self.dim)
+        _check_int("stop", stop, start, self.dim)
+        flat, sign = self._hash_range(start, stop)
+        return (flat - self._row_offset).T.contiguous(), sign.T.contiguous()
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one float32 sketch: ``4·t·k``."""
+        return 4 * self.rows * self.cols
+
+    @property
+    def compression_ratio(self) -> float:
+        """``d / (t·k)``: float32 vector bytes over sketch bytes (see ``compression_ratio``)."""
+        return compression_ratio(self.dim, self.rows, self.cols)
+
+    @property
+    def default_num_heavy(self) -> int:
+        """Default ``m`` for HEAVYMIX/HEAPRIX: ``min(k, d)``, the number of columns.
+
+        Why ``m = k``: paper 002's HEAVYMIX lemma needs a sketch of size Θ(m·log(d/δ)), i.e. ``t = Θ(log(d/δ))``
+        rows of ``k = Θ(m)`` columns — a sketch with ``k`` bins per row can single out about ``k`` heavy
+        coordinates (each row's estimate has error ~ ‖x_tail‖₂/√k, so at most ~k coordinates can stand
+        above it). The second HEAPRIX exchange then costs ``4m = 4k`` bytes per device, ``1/t`` of the
+        sketch itself. Pass ``m`` explicitly to trade accuracy against that extra upload.
+        """
+        return min(self.cols, self.dim)
+
+    # ------------------------------------------------------------------ validation helpers
+    def _check_tensor(self, name: str, x: torch.Tensor, shapes: str, ok: bool) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name}={type(x).__name__}; allowed: a torch.Tensor")
+        if x.dtype != torch.float32:
+            raise ValueError(f"{name}.dtype={x.dtype}; allowed: torch.float32")
+        if x.device != self.device:
+            raise ValueError(f"{name}.device={x.device}; allowed: {self.device} (the sketch's device)")
+        if not ok:
+            raise ValueError(f"{name}.shape={tuple(x.shape)}; allowed: {shapes}")
+
+    def _check_sketch(self, S: torch.Tensor) -> torch.Tensor:
+        """Validate ``S`` ([t, k] or [K, t, k]) and return it as ``[K, t·k]``."""
+        t, k = self.rows, self.cols
+        ok = isinstance(S, torch.Tensor) and S.dim() in (2, 3) and tuple(S.shape[-2:]) == (t, k)
+        self._check_tensor("S", S, f"[{t}, {k}] or [K, {t}, {k}]", ok)
+        return S.reshape(-1, t * k)
+
+    def _check_m(self, m: int | None) -> int:
+        return self.default_num_heavy if m is None else _check_int("m", m, 1, self.dim)
+
+    def _chunk(self, batch: int) -> int:
+        return max(1, self.chunk_elements // (batch * self.rows))
+
+    # ------------------------------------------------------------------ Alg. 1: sketch
+    def sketch(self, x: torch.Tensor) -> torch.Tensor:
+        """Count sketch ``S(x)`` (paper 002, Alg. 1): ``[d] → [t, k]`` or a batch ``[K, d] → [K, t, k]``.
+
+        The batch is sketched in one scatter-add over the flattened bin index ``j·k + h_j(i)`` per chunk of
+        coordinates (no loop over clients or rows). Linear in ``x``.
+        """
+        d, t, k = self.dim, self.rows, self.cols
+        ok = isinstance(x, torch.Tensor) and x.dim() in (1, 2) and x.shape[-1] == d
+        self._check_tensor("x", x, f"[{d}] or [K, {d}]", ok)
+        xb = x.reshape(-1, d)
+        batch = xb.shape[0]
+        out = torch.zeros(batch, t * k, dtype=torch.float32, device=self.device)
+        step = self._chunk(batch)
+        for start in range(0, d, step):
+            stop = min(d, start + step)
+            flat, sign = self._hash_range(start, stop)  # [c, t]
+            contrib = xb[:, start:stop, None] * sign  # [K, c, t]
+            index = flat.reshape(1, -1).expand(batch, -1)
+            out.scatter_add_(1, index, contrib.reshape(batch, -1))
+        return out.reshape(*x.shape[:-1], t, k)
+
+    def _sketch_sparse(self, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """``S(h)`` for ``h`` with ``values`` ([K, m]) at ``indices`` ([K, m]) and zeros elsewhere → [K, t·k]."""
+        batch, m = values.shape
+        flat, sign = self._hash_at(indices.reshape(-1))  # [K·m, t]
+        contrib = values.reshape(-1, 1) * sign
+        out = torch.zeros(batch, self.rows * self.cols, dtype=torch.float32, device=self.device)
+        out.scatter_add_(1, flat.reshape(batch, m * self.rows), contrib.reshape(batch, m * self.rows))
+        return out
+
+    # ------------------------------------------------------------------ Alg. 2: PRIVIX
+    def _privix_flat(self, S_flat: torch.Tensor) -> torch.Tensor:
+        batch = S_flat.shape[0]
+        out = torch.empty(batch, self.dim, dtype=torch.float32, device=self.device)
+        step = self._chunk(batch)
+        for start in range(0, self.dim, step):
+            stop = min(self.dim, start + step)
+            flat, sign = self._hash_range(start, stop)  # [c, t]
+            est = S_flat.index_select(1, flat.reshape(-1)).reshape(batch, stop - start, self.rows) * sign
+            out[:, start:stop] = _median_last(est)
+        return out
+
+    def privix(self, S: torch.Tensor) -> torch.Tensor:
+        """PRIVIX (paper 002, Alg. 2): ``x̃_i = median_j s_j(i)·S[j, h_j(i)]``; ``[t, k] → [d]``, ``[K, t, k] → [K, d]``.
+
+        For an even ``t`` the median is the midpoint of the two middle values (``torch.median``'s lower
+        median would be biased). Unbiasedness, over the random choice of the hashes (the seed), ``x`` fixed:
+        each row's estimate is ``x_i + s_j(i)·Z_j`` with ``Z_j = Σ_{l≠i, h_j(l)=h_j(i)} s_j(l)·x_l``. For
+        ``t = 1`` it is exactly unbiased given pairwise independent signs (here up to O(1/p)). For ``t > 1``
+        the median is unbiased when the row noises ``s_j(i)·Z_j`` are independent across rows and each
+        symmetric about 0 (then the median of ``x_i + noise`` is symmetric about ``x_i``); independent rows
+        hold here (independent coefficients per row), symmetry holds exactly for fully random signs and
+        approximately for this 2-universal family. Checked statistically in tests/unit/test_sketch.py.
+        """
+        S_flat = self._check_sketch(S)
+        return self._privix_flat(S_flat).reshape(*S.shape[:-2], self.dim)
+
+    # ------------------------------------------------------------------ Alg. 3: HEAVYMIX
+    def _top_m(self, est: torch.Tensor, m: int) -> torch.Tensor:
+        return est.abs().topk(m, dim=-1, sorted=False).indices.sort(dim=-1).values
+
+    def heavy_hitters(self, S: torch.Tensor, m: int | None = None) -> torch.Tensor:
+        """Indices of the ``m`` largest ``|PRIVIX[S]_i|`` (paper 002, Alg. 3, heavy set), in ascending order.
+
+        ``[t, k] → LongTensor[m]``, ``[K, t, k] → [K, m]``. Default ``m``: ``default_num_heavy`` (= k).
+        Ascending order is canonical: two participants that find the same set list it the same way, which
+        is the order in which devices send exact values in the second HEAPRIX exchange. Deviation from the
+        paper: Alg. 3 keeps ``{i : x̃_i² >= ‖x̃‖²/m}`` and fills up to ``m`` with random coordinates; this is
+        the deterministic top-``m`` of SketchedSGD (Ivkin et al. 2019), needing no extra shared randomness.
+        """
+        S_flat = self._check_sketch(S)
+        m = self._check_m(m)
+        idx = self._top_m(self._privix_flat(S_flat), m)
+        return idx.reshape(*S.shape[:-2], m)
+
+    def _heavy_part(
+        self,
+        S: torch.Tensor,
+        m: int | None,
+        values: torch.Tensor | None,
+        indices: torch.Tensor | None,
+        values_name: str,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]:
+        """Validate; return ``(S_flat [K, t·k], H [K, m], values on H [K, m], output shape)``."""
+        S_flat = self._check_sketch(S)
+        m = self._check_m(m)
+        batch = S_flat.shape[0]
+        lead = tuple(S.shape[:-2])
+        want = f"{list(lead) + [m]}"
+        if indices is not None:
+            if not (isinstance(indices, torch.Tensor) and tuple(indices.shape) == lead + (m,)):
+                shape = tuple(indices.shape) if isinstance(indices, torch.Tensor) else type(indices).__name__
+                raise ValueError(f"indices.shape={shape}; allowed: {want} (m={m} per sketch)")
+            if indices.dtype not in (torch.int32, torch.int64) or indices.device != self.device:
+                raise ValueError(
+                    f"indices.dtype={indices.dtype}, device={indices.device}; allowed: int32/int64 on {self.device}"
+                )
+            idx = indices.reshape(batch, m).to(torch.int64)
+            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.dim):
+                raise ValueError(f"indices in [{int(idx.min())}, {int(idx.max())}]; allowed: 0 <= index < {self.dim}")
+            if m > 1 and bool((idx.sort(dim=-1).values.diff(dim=-1) == 0).any()):
+                raise ValueError("indices contain duplicates; allowed: m distinct coordinates per sketch")
+        if values is not None:
+            ok = isinstance(values, torch.Tensor) and tuple(values.shape) == lead + (m,)
+            self._check_tensor(values_name, values, want + f" (aligned with heavy_hitters(S, m={m}))", ok)
+        est = None
+        if indices is None:
+            est = self._privix_flat(S_flat)
+            idx = self._top_m(est, m)
+        if values is not None:
+            heavy = values.reshape(batch, m)
+        else:
+            if est is None:
+                est = self._privix_flat(S_flat)
+            heavy = est.gather(1, idx)
+        return S_flat, idx, heavy, lead + (self.dim,)
+
+    def heavymix(
+        self,
+        S: torch.Tensor,
+        m: int | None = None,
+        exact_values: torch.Tensor | None = None,
+        *,
+        indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """HEAVYMIX (paper 002, Alg. 3): the heavy set keeps its values, every other coordinate is 0.
+
+        ``[t, k] → [d]`` (``[K, t, k] → [K, d]``). Heavy set ``H = heavy_hitters(S, m)``, or ``indices`` when
+        given (e.g. already computed, or broadcast by the server). Values on ``H``: the PRIVIX estimates
+        (the paper's one-exchange, sketch-only version) or ``exact_values`` ([m] / [K, m], in the order of
+        ``H``) obtained by a second exchange with the devices, as in SketchedSGD (Ivkin et al. 2019).
+        Biased: ``E[HEAVYMIX] ≠ x`` (coordinates outside ``H`` are dropped).
+        """
+        _, idx, heavy, shape = self._heavy_part(S, m, exact_values, indices, "exact_values")
+        out = torch.zeros(idx.shape[0], self.dim, dtype=torch.float32, device=self.device)
+        out.scatter_(1, idx, heavy)
+        return out.reshape(shape)
+
+    # ------------------------------------------------------------------ Alg. 4: HEAPRIX
+    def heaprix(
+        self,
+        S: torch.Tensor,
+        m: int | None = None,
+        exact_heavy_values: torch.Tensor | None = None,
+        *,
+        indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """HEAPRIX (paper 002, Alg. 4): ``h + PRIVIX[S − S(h)]`` with ``h`` the heavy part; ``[t, k] → [d]``.
+
+        By linearity ``S(x) − S(h) = S(x − h)``, so the residual sketch is computed locally from ``S`` and
+        ``h`` (only the ``m`` heavy coordinates are re-sketched) and needs no extra upload.
+
+        Two modes:
+
+        * ``exact_heavy_values=None`` (paper's Alg. 4, one exchange, private in the sense of Theorem 1):
+          ``h = HEAVYMIX[S]`` with the sketch estimates, result ``h + PRIVIX[S − S(h)]`` on all coordinates.
+          Note: the paper's unbiasedness argument (induced compressor) assumes the second compressor uses
+          randomness independent of the first; here both use the same hashes, so it holds only approximately.
+        * ``exact_heavy_values`` given ([m] / [K, m], aligned with ``heavy_hitters(S, m)`` or ``indices``):
+          ``h`` = those values on ``H``, 0 elsewhere; the residual ``x − h`` is known to be exactly 0 on
+          ``H``, so the result is ``h`` on ``H`` and ``PRIVIX[S − S(h)]`` on the rest.
+
+        Federated two-exchange protocol (round r; K participating devices with updates ``x_j ∈ R^d``;
+        weights ``w_j`` summing to 1, e.g. 1/K; sketch ``t × k`` and ``m`` heavy coordinates; float32):
+
+        1. Uplink 1 — device j sends ``S(x_j) = cs.sketch(x_j)``: ``4·t·k`` bytes (``cs.nbytes``).
+           In simulation all devices at once: ``cs.sketch(X)`` with ``X`` of shape ``[K, d]``.
+        2. Server: ``S̄ = Σ_j w_j·S(x_j)`` ( ``= S(x̄)`` by linearity, ``x̄ = Σ_j w_j x_j``); broadcast ``S̄``:
+           ``4·t·k`` bytes downlink.
+        3. Everyone (server and every device) computes ``H = cs.heavy_hitters(S̄, m)`` — ``m`` indices in
+           ascending order, a deterministic function of ``S̄`` and the shared seed, so nothing is sent. (If
+           participants may run on hardware that breaks ties in ``|x̃|`` differently, the server sends ``H``
+           with the broadcast of step 5 instead: ``4·m`` more bytes as int32, and everyone passes
+           ``indices=H``.)
+        4. Uplink 2 — device j sends its exact values ``x_j[H]`` in the order of ``H``: ``4·m`` bytes.
+        5. Server: ``v̄ = Σ_j w_j·x_j[H]`` (same weights as step 2, so that ``v̄ = x̄[H]``); broadcast ``v̄``:
+           ``4·m`` bytes downlink.
+        6. Everyone computes ``Φ = cs.heaprix(S̄, m, exact_heavy_values=v̄)`` (pass ``indices=H`` to skip
+           recomputing H): ``h = v̄`` on ``H``, 0 elsewhere; ``Φ = h + PRIVIX[S̄ − S(h)]`` off ``H``.
+
+        Per device and round: uplink ``4·(t·k + m)`` bytes, downlink ``4·(t·k + m)`` bytes (+``4·m`` if
+        ``H`` is broadcast). With the default ``m = k`` that is ``4·k·(t + 1)``. Steps 4–5 reveal exact
+        coordinates, so that variant is not covered by the sketch's ε (``sketch_epsilon``); skipping them
+        (``exact_heavy_values=None``) gives the paper's single-exchange HEAPRIX, computed from ``S̄`` alone.
+        SketchedSGD uses the same two exchanges and keeps only ``h`` (``cs.heavymix(S̄, m, v̄, indices=H)``).
+        """
+        S_flat, idx, heavy, shape = self._heavy_part(S, m, exact_heavy_values, indices, "exact_heavy_values")
+        residual = S_flat - self._sketch_sparse(idx, heavy)
+        out = self._privix_flat(residual)
+        if exact_heavy_values is None:
+            out.scatter_add_(1, idx, heavy)
+        else:
+            out.scatter_(1, idx, heavy)
+        return out.reshape(shape)
