@@ -136,7 +136,9 @@ def client_level_dp_sum(
     ``(Σ_k clip(x_k, S) + N(0, σ²S² I)) / expected_clients`` and diagnostics:
     ``num_clients``, ``clipped_fraction`` and ``mean_norm`` (pre-clip L2 norm; both NaN when K = 0),
     ``noise_std`` (σS/expected_clients, the std per coordinate of the returned estimate).
-    The noise is drawn on ``payload``'s device and dtype from ``generator``.
+    The noise is drawn on ``payload``'s device and dtype from ``generator``, which must live on that device.
+    Under Poisson client sampling with probability q, the matching event is
+    ``PoissonGaussianEvent(noise_multiplier, q)`` with ``expected_clients = q·num_clients``.
     """
     if payload.dim() != 2:
         raise ValueError(f"payload has shape {tuple(payload.shape)}; expected [K, m]")

@@ -67,8 +67,7 @@ def moments_accountant_epsilon(q: float, sigma: float, steps: int, delta: float,
 
 
 # ---------------------------------------------------------------------------- Gaussian mechanism, q = 1, T = 1
-@pytest.mark.parametrize("sigma", [0.8, 1.0, 2.0, 5.0])
-@pytest.mark.parametrize("delta", [1e-5, 1e-3])
+@pytest.mark.parametrize("sigma,delta", [(0.8, 1e-5), (1.0, 1e-5), (2.0, 1e-5), (5.0, 1e-5), (2.0, 1e-3)])
 def test_single_gaussian_matches_analytic_gaussian(sigma, delta):
     exact = analytic_gaussian_epsilon(sigma, delta)
     pld = compute_epsilon(sigma, 1.0, 1, delta, accountant="pld")
@@ -115,7 +114,7 @@ def test_single_laplace_event_matches_exact_profile():
 
 def test_laplace_composition_bounded_by_basic_composition():
     """k Laplace releases: ε ≤ kε₀ (basic composition), and ≥ kε₀ + ln(1 − 2^k δ), because with
-    probability 2^-k every output falls where the privacy loss is ε₀, so δ(ε) ≥ 2^-k (1 − e^{ε − kε₀})."""
+    probability 2^-k every output falls where the privacy loss is ε₀, so δ(ε) ≥ 2^-k (1 − e^{ε−kε₀})."""
     eps0, k, delta = 0.3, 3, 1e-5
     basic = laplace_basic_composition([eps0] * k)
     acc = PrivacyAccountant(delta)
@@ -155,11 +154,11 @@ def test_rdp_and_pld_against_published_settings(q, sigma, steps, published):
 
 
 # ----------------------------------------------------------------------------------------------- monotonicity
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(
     sigma=st.floats(0.8, 8.0),
     q=st.floats(1e-3, 1.0),
-    rounds=st.integers(1, 400),
+    rounds=st.integers(1, 300),
     factor=st.floats(1.05, 3.0),
 )
 def test_rdp_epsilon_monotone(sigma, q, rounds, factor):
@@ -169,7 +168,7 @@ def test_rdp_epsilon_monotone(sigma, q, rounds, factor):
     assert compute_epsilon(sigma * factor, q, rounds, 1e-5) <= eps * (1 + 1e-12)
 
 
-@pytest.mark.parametrize("base", [(2.0, 0.1, 20), (4.0, 1.0, 3)])
+@pytest.mark.parametrize("base", [(3.0, 0.1, 20), (4.0, 1.0, 3)])
 def test_pld_epsilon_monotone(base):
     sigma, q, rounds = base
     eps = compute_epsilon(sigma, q, rounds, 1e-5, "pld")
@@ -249,9 +248,9 @@ def test_accountant_equals_compute_epsilon_for_constant_events():
     acc = PrivacyAccountant(1e-5)
     assert acc.epsilon() == 0.0 and acc.epsilon("pld") == 0.0
     for _ in range(50):
-        acc.record(PoissonGaussianEvent(2.0, 0.1))
-    assert acc.epsilon("rdp") == pytest.approx(compute_epsilon(2.0, 0.1, 50, 1e-5, "rdp"), rel=1e-12)
-    assert acc.epsilon("pld") == pytest.approx(compute_epsilon(2.0, 0.1, 50, 1e-5, "pld"), rel=1e-9)
+        acc.record(PoissonGaussianEvent(3.0, 0.1))
+    assert acc.epsilon("rdp") == pytest.approx(compute_epsilon(3.0, 0.1, 50, 1e-5, "rdp"), rel=1e-12)
+    assert acc.epsilon("pld") == pytest.approx(compute_epsilon(3.0, 0.1, 50, 1e-5, "pld"), rel=1e-9)
     summary = acc.summary()
     assert summary["epsilon_rdp"] == acc.epsilon("rdp") and summary["epsilon_pld"] == acc.epsilon("pld")
     assert summary["rounds"] == 50 and summary["delta"] == 1e-5
@@ -269,16 +268,17 @@ def test_accountant_running_epsilon_tracks_rounds():
 
 
 def test_accountant_mixed_events():
-    """Order does not matter; mixing σ = 2 and σ = 4 rounds lies between all-σ=2 and all-σ=4."""
+    """Order does not matter; mixing σ = 3 and σ = 5 rounds lies between all-σ=3 and all-σ=5."""
     a, b = PrivacyAccountant(1e-5), PrivacyAccountant(1e-5)
-    events = [PoissonGaussianEvent(2.0, 0.1)] * 20 + [PoissonGaussianEvent(4.0, 0.1)] * 20
+    events = [PoissonGaussianEvent(3.0, 0.1)] * 10 + [PoissonGaussianEvent(5.0, 0.1)] * 10
     for e in events:
         a.record(e)
     for e in reversed(events):
         b.record(e)
     for name in ("rdp", "pld"):
         assert a.epsilon(name) == pytest.approx(b.epsilon(name), rel=1e-9)
-        assert compute_epsilon(4.0, 0.1, 40, 1e-5, name) < a.epsilon(name) < compute_epsilon(2.0, 0.1, 40, 1e-5, name)
+        all_5, all_3 = compute_epsilon(5.0, 0.1, 20, 1e-5, name), compute_epsilon(3.0, 0.1, 20, 1e-5, name)
+        assert all_5 < a.epsilon(name) < all_3
     # A round with q = 1 and no subsampling is the same whichever event type describes it.
     c, d = PrivacyAccountant(1e-5), PrivacyAccountant(1e-5)
     c.record(GaussianEvent(3.0))
