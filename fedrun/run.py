@@ -166,7 +166,7 @@ def build(c: dict) -> Built:
     spec = LocalSpec(mode=c["local_mode"], steps=int(c["local_steps"]), batch_size=int(c["batch_size"]),
                      lr=float(c["lr"]), clip_norm=c.get("local_clip"), loss=loss)
     sampler = _instantiate(c["sampler"], num_clients=len(parts))
-    scheme = _instantiate(c["scheme"])
+    scheme = _instantiate({k: v for k, v in c["scheme"].items() if k != "name"})
     mode = dp_mode(c["dp"])
     client_dp = make_client_dp(c, sampler, int(c["rounds"])) if mode == "client" else None
     local_dp = None

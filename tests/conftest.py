@@ -40,3 +40,31 @@ def _few_threads():
     # Keep tests predictable on the 2-core CI machine.
     torch.set_num_threads(2)
     yield
+
+
+CONF_DIR = str(REPO / "conf")
+
+# Small settings for integration runs on the 2-core CI machine.
+FAST = ["rounds=2", "num_clients=10", "sample_rate=0.5", "local_steps=2", "batch_size=10", "tracking=none",
+        "progress=off"]
+
+
+def compose(overrides: list[str]):
+    """The resolved fedrun config for ``overrides`` (Hydra compose API, as the CLI would build it)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+@pytest.fixture
+def fast_cfg(shared_data):
+    """compose() with the fast settings and the shared data root."""
+
+    def make(*overrides: str):
+        return compose(FAST + [f"data_root={shared_data}", *overrides])
+
+    return make

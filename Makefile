@@ -1,0 +1,44 @@
+# fedrun — two commands set up a fresh machine:
+#   make run    create .venv, install, run the default experiment
+#   make test   create .venv, install, run the tests
+PY      ?= python3
+VENV    ?= .venv
+BIN      = $(VENV)/bin
+# Data root: $FEDRUN_DATA if set, else ../shared/data when it exists (this project's workplace).
+SHARED_DATA := $(abspath ../shared/data)
+ifeq ($(origin FEDRUN_DATA), undefined)
+  ifneq ($(wildcard $(SHARED_DATA)/README.md),)
+    export FEDRUN_DATA := $(SHARED_DATA)
+  endif
+endif
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-slow bench ui tables clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/fedrun $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python scripts/bench_training.py
+
+ui: install
+	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --port $${PORT:-5000}
+
+clean:
+	rm -rf outputs multirun .pytest_cache
