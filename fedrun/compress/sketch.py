@@ -27,15 +27,17 @@ int64 (``a·i + b < 2^62``), on CPU and CUDA alike. Why not random tables: stori
 int64 ``[t, d]`` costs 16·t·d bytes (1.6 GB for d = 1M, t = 50) and must be drawn on the CPU to be
 device-independent; the universal hash is four integers per row and can be evaluated on the fly, chunk
 by chunk, at any coordinate (``heaprix`` sketches its ``m`` heavy coordinates without touching the other
-``d − m``). For speed the hashes are cached as int32 flat bin indices ``j·k + h_j(i)`` plus int8 signs
-(5 bytes per (row, coordinate): 15 MB for LeNet-5 with t = 50) when ``rows·dim <= 2^25``; larger
-sketches (e.g. d = 1M, t = 50, which would need 250 MB) recompute the hashes per call.
+``d − m``). For speed the hashes are cached when ``rows·dim <= 2^24`` (or ``cache_hashes=True``): int32 flat bin
+indices ``j·k + h_j(i)`` plus int8 signs for PRIVIX, and the sketch as a sparse CSR matrix with int32
+indices for ``sketch`` — 13 bytes per (row, coordinate): 39 MB for LeNet-5 with t = 50. Larger sketches
+(e.g. d = 1M, t = 20 or 50) recompute the hashes chunk by chunk on every call (slower, no memory).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 
 import torch
 
@@ -49,7 +51,7 @@ __all__ = [
 MERSENNE_PRIME: int = 2**31 - 1
 """The prime ``p`` of the hash family; coordinates must satisfy ``dim < p``."""
 
-_CACHE_LIMIT = 1 << 25  # cache the hashes when rows·dim <= this (5 bytes each: <= 168 MB)
+_CACHE_LIMIT = 1 << 24  # cache the hashes when rows·dim <= this (13 bytes each: <= 218 MB)
 _CHUNK_ELEMENTS = 1 << 22  # work tensors of at most ~this many float32 elements (16 MB) per chunk
 
 
@@ -135,8 +137,8 @@ class CountSketch:
         cols: ``k``, the number of bins per array (the paper's ``m`` in Theorem 1), ``>= 1``.
         seed: the shared seed, ``0 <= seed < 2^63``; same seed, same hashes on every participant and device.
         device: where the cached hashes live and where inputs must be (float32 tensors).
-        cache_hashes: keep the hashes in memory (5 bytes per (row, coordinate)); default: when
-            ``rows·dim <= 2^25``. Results are identical either way.
+        cache_hashes: keep the hashes in memory (13 bytes per (row, coordinate)); default: when
+            ``rows·dim <= 2^24``. Results are equal either way (up to float summation order).
         chunk_elements: size budget (float32 elements) of the work tensors of one chunk of coordinates.
 
     Attributes ``dim, rows, cols, seed, device`` are read-only by convention. ``nbytes`` is the size of one
@@ -178,12 +180,15 @@ class CountSketch:
         self._row_offset = torch.arange(rows, dtype=torch.int64, device=self.device) * cols
         if cache_hashes is None:
             cache_hashes = rows * dim <= _CACHE_LIMIT
-        self._flat_cache: torch.Tensor | None = None  # int32 [d, t]: j·k + h_j(i)
+        self._flat_cache: torch.Tensor | None = None  # int32 [d, t]: j·k + h_j(i)  (for PRIVIX)
         self._sign_cache: torch.Tensor | None = None  # int8 [d, t]: s_j(i)
+        self._matrix: torch.Tensor | None = None  # sparse CSR [t·k, d], int32 indices (for sketch)
         if cache_hashes:
             flat, sign = self._hash_range(0, dim)
             self._flat_cache = flat.to(torch.int32)
             self._sign_cache = sign.to(torch.int8)
+            if self.device.type in ("cpu", "cuda"):
+                self._matrix = self._sketch_matrix(flat, sign)
 
     # ------------------------------------------------------------------ hashes
     @property
@@ -199,6 +204,24 @@ class CountSketch:
         bucket = torch.remainder(torch.remainder(a * i + b, p), self.cols)
         sign = 1.0 - 2.0 * torch.remainder(torch.remainder(c * i + e, p), 2).to(torch.float32)
         return bucket + self._row_offset, sign
+
+    def _sketch_matrix(self, flat: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+        """The sketch as a sparse ``[t·k, d]`` CSR matrix ``A`` (``S(x) = A·x``), rows = flat bins."""
+        t, k = self.rows, self.cols
+        flat = flat.reshape(-1)  # entry e = i·t + j
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=t * k)
+        crow = torch.zeros(t * k + 1, dtype=torch.int64, device=self.device)
+        crow[1:] = torch.cumsum(counts, dim=0)
+        with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state"
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support", category=UserWarning)
+            return torch.sparse_csr_tensor(
+                crow.to(torch.int32),
+                torch.div(order, t, rounding_mode="floor").to(torch.int32),
+                sign.reshape(-1)[order],
+                size=(t * k, self.dim),
+                check_invariants=False,  # valid by construction (sorted rows, in-range columns)
+            )
 
     def _hash_range(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._flat_cache is not None and self._sign_cache is not None:
@@ -270,14 +293,18 @@ class CountSketch:
     def sketch(self, x: torch.Tensor) -> torch.Tensor:
         """Count sketch ``S(x)`` (paper 002, Alg. 1): ``[d] → [t, k]`` or a batch ``[K, d] → [K, t, k]``.
 
-        The batch is sketched in one scatter-add over the flattened bin index ``j·k + h_j(i)`` per chunk of
-        coordinates (no loop over clients or rows). Linear in ``x``.
+        The whole batch is one operation, no loop over clients or rows: with cached hashes a sparse-dense
+        product ``A·Xᵀ`` with the CSR sketch matrix ``A`` (``t·d`` nonzeros ``s_j(i)`` at
+        ``(j·k + h_j(i), i)``); otherwise a scatter-add over the flattened bin index ``j·k + h_j(i)``, per
+        chunk of coordinates. Linear in ``x``.
         """
         d, t, k = self.dim, self.rows, self.cols
         ok = isinstance(x, torch.Tensor) and x.dim() in (1, 2) and x.shape[-1] == d
         self._check_tensor("x", x, f"[{d}] or [K, {d}]", ok)
         xb = x.reshape(-1, d)
         batch = xb.shape[0]
+        if self._matrix is not None:  # cached hashes: one sparse-dense product for the whole batch
+            return (self._matrix @ xb.T).T.contiguous().reshape(*x.shape[:-1], t, k)
         out = torch.zeros(batch, t * k, dtype=torch.float32, device=self.device)
         step = self._chunk(batch)
         for start in range(0, d, step):

@@ -100,7 +100,7 @@ def test_same_seed_same_hashes_different_seed_different() -> None:
     ho, so = other.hashes()
     assert torch.equal(hs, hc) and torch.equal(ss, sc)
     x = rand(5000)
-    assert torch.equal(server.sketch(x), client.sketch(x))
+    torch.testing.assert_close(server.sketch(x), client.sketch(x), rtol=1e-6, atol=1e-5)  # sparse mm vs scatter
     assert float((hs == ho).double().mean()) < 0.1  # ~1/k agree by chance
     assert float((ss == so).double().mean()) < 0.6  # ~1/2 agree by chance
 
@@ -167,13 +167,13 @@ def test_batch_equals_per_vector() -> None:
 
 
 def test_nbytes_and_compression_ratios() -> None:
-    assert CountSketch(60000, 20, 40, seed=0).nbytes == 20 * 40 * 4
+    assert CountSketch(60000, 20, 40, seed=0, cache_hashes=False).nbytes == 20 * 40 * 4
     assert compression_ratio(60000, 20, 40) == 75.0
     assert compression_ratio(60000, 50, 100) == 12.0
     # LeNet-5 (61,706 parameters): 61706/800 and 61706/5000
     assert compression_ratio(61706, 20, 40) == pytest.approx(77.1325)
     assert compression_ratio(61706, 50, 100) == pytest.approx(12.3412)
-    assert CountSketch(60000, 50, 100, seed=0).compression_ratio == 12.0
+    assert CountSketch(60000, 50, 100, seed=0, cache_hashes=False).compression_ratio == 12.0
 
 
 # ---------------------------------------------------------------- Alg. 2: PRIVIX
