@@ -1,0 +1,96 @@
+"""The `fedrun` command as a user types it: help, config printing, errors, sweeps."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FEDRUN = [sys.executable, "-m", "fedrun.cli"]
+FAST = ["rounds=2", "num_clients=10", "sample_rate=0.5", "local_steps=2", "progress=log"]
+
+
+def fedrun(args, cwd, env_extra=None, timeout=600):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env_extra or {})}
+    return subprocess.run(FEDRUN + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_and_cfg_job(tmp_path):
+    h = fedrun(["--help"], tmp_path)
+    assert h.returncode == 0
+    for group in ("dataset:", "scheme:", "partition:", "sampler:", "tracking:", "fl_std", "fashion_mnist"):
+        assert group in h.stdout
+    c = fedrun(["--cfg", "job", "dataset=mnist", "model=lenet5", "rounds=50"], tmp_path)
+    assert c.returncode == 0
+    assert "rounds: 50" in c.stdout and "name: mnist" in c.stdout and "name: lenet5" in c.stdout
+
+
+def test_unknown_scheme_is_hydras_error_listing_the_schemes(tmp_path):
+    p = fedrun(["scheme=no_such_scheme", "r=0.05", "dp=true"], tmp_path)
+    assert p.returncode != 0
+    assert "Could not find 'scheme/no_such_scheme'" in p.stderr and "fl_std" in p.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["r=1.5"], "r=1.5 is outside (0, 1]"),
+    (["r=0"], "r=0 is outside (0, 1]"),
+    (["lr=0"], "lr=0 must be > 0"),
+    (["lr=-0.1"], "lr=-0.1 must be > 0"),
+    (["sampler=uniform", "num_clients=10", "clients_per_round=20"], "clients_per_round=20 must be in [1, num_clients=10]"),
+    (["dataset=mnist", "partition=writers"], "partition=writers is not available for dataset=mnist"),
+    (["dp=maybe"], "dp='maybe' is not allowed"),
+    (["dp=true", "epsilon=1", "delta=2"], "delta=2 is outside (0, 1)"),
+    (["sample_rate=1.5"], "sample_rate=1.5 is outside (0, 1]"),
+    (["dataset=lending_club", "model=lenet5"], "model=lenet5 does not fit dataset=lending_club"),
+    (["device=tpu"], "device='tpu' is not allowed"),
+])
+def test_bad_values_give_one_clear_line(tmp_path, shared_data, args, message):
+    p = fedrun(args + ["tracking=none", f"data_root={shared_data}"], tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("fedrun: error:")]
+    assert len(lines) == 1 and message in lines[0], p.stderr
+
+
+def test_missing_data_names_every_place_searched(tmp_path):
+    env = {"FEDRUN_DATA": str(tmp_path / "nowhere"), "FEDRUN_CACHE": str(tmp_path / "cache")}
+    p = fedrun(["dataset=mnist", "tracking=none", f"data_root={tmp_path / 'mydata'}"], tmp_path, env)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "not found" in p.stderr
+    for place in ("mydata", "nowhere", "cache"):
+        assert place in p.stderr
+    assert "FEDRUN_DATA" in p.stderr
+
+
+def test_default_run_logs_to_sqlite_in_cwd(tmp_path, shared_data):
+    p = fedrun(FAST + ["dataset=mnist", "model=lenet5", f"data_root={shared_data}"], tmp_path,
+               {"MLFLOW_TRACKING_URI": ""})
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "mlflow.db").exists()
+    assert "make ui" in p.stdout and "best_test_accuracy" in p.stdout
+    assert "round 2/2" in p.stdout + p.stderr  # plain log lines when not a terminal
+
+
+def test_parallel_sweep_loses_no_run(tmp_path, shared_data):
+    """Four joblib jobs on a fresh SQLite store all appear, grouped under a parent run."""
+    from mlflow.tracking import MlflowClient
+
+    p = fedrun(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4", "seed=0,1,2,3", "dataset=lending_club",
+                "local_mode=gd", "lr=0.3", "progress=off", f"data_root={shared_data}"] + FAST, tmp_path,
+               {"MLFLOW_TRACKING_URI": "", "OMP_NUM_THREADS": "1"}, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("fedrun")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("fedrun.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("fedrun.kind") != "sweep"]
+    assert len(parents) == 1 and len(children) == 4
+    assert {r.data.params["seed"] for r in children} == {"0", "1", "2", "3"}
+    for r in children:
+        assert r.info.status == "FINISHED"
+        assert r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert r.data.tags["fedrun.sweep"] == parents[0].data.tags["fedrun.sweep"]
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "test_mse")]
+        assert sorted(steps) == [1, 2]
+        assert "best_test_mse" in r.data.metrics
