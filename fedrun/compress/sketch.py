@@ -200,10 +200,15 @@ class CountSketch:
         """Flat bin ``j·k + h_j(i)`` (int64) and sign ``s_j(i)`` (float32), both ``[n, t]``, at ``coords``."""
         i = coords.to(device=self.device, dtype=torch.int64).unsqueeze(-1)  # [n, 1]
         a, b, c, e = self._coeffs.unbind(dim=1)  # each [t]
-        p = MERSENNE_PRIME
-        bucket = torch.remainder(torch.remainder(a * i + b, p), self.cols)
-        sign = 1.0 - 2.0 * torch.remainder(torch.remainder(c * i + e, p), 2).to(torch.float32)
-        return bucket + self._row_offset, sign
+        # In place where possible: these [n, t] int64 passes dominate when the hashes are not cached.
+        bucket = a * i
+        bucket += b
+        bucket.remainder_(MERSENNE_PRIME).remainder_(self.cols)
+        bucket += self._row_offset
+        parity = c * i
+        parity += e
+        parity.remainder_(MERSENNE_PRIME).bitwise_and_(1)
+        return bucket, parity.to(torch.float32).mul_(-2.0).add_(1.0)
 
     def _sketch_matrix(self, flat: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
         """The sketch as a sparse ``[t·k, d]`` CSR matrix ``A`` (``S(x) = A·x``), rows = flat bins."""
