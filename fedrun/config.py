@@ -63,6 +63,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(f"local_mode={cfg.get('local_mode')!r} is not allowed; use {' or '.join(LOCAL_MODES)}")
     if cfg.get("local_clip") is not None and not _num(cfg, "local_clip") > 0:
         raise ConfigError(f"local_clip={cfg['local_clip']} must be > 0 (or null)")
+    if cfg.get("local_clip_mode", "batch") not in ("batch", "per_sample"):
+        raise ConfigError(f"local_clip_mode={cfg.get('local_clip_mode')!r} is not allowed; use per_sample or batch")
     q = _num(cfg, "sample_rate")
     if not 0 < q <= 1:
         raise ConfigError(f"sample_rate={cfg['sample_rate']} is outside (0, 1]: it is the probability C that a "

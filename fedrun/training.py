@@ -6,7 +6,9 @@ Two local-training modes cover the papers:
 * ``gd``  — E full-batch gradient steps on the client's whole data (paper 001).
 
 Each step may clip the client's gradient to an L2 norm (``clip_norm``, paper 001's per-iteration
-clipping ζ) and subtract a per-client correction vector c (FedSKETCHGATE's gradient tracking,
+clipping ζ) — either the client's whole (mini-)batch gradient (``clip_mode="batch"``) or each sample's
+gradient before averaging (``clip_mode="per_sample"``, which bounds one sample's influence by 2ζ/n_l as
+the local-DP sensitivity needs) — and subtract a per-client correction vector c (FedSKETCHGATE's gradient tracking,
 x ← x − η(g − c)).
 
 The vectorized path runs all selected clients together: their parameters are rows of one [K, n] tensor
@@ -34,6 +36,8 @@ from fedrun.rng import numpy_rng
 
 MODES = ("sgd", "gd")
 LOSSES = ("cross_entropy", "mse")
+CLIP_MODES = ("batch", "per_sample")
+SAMPLE_BLOCK = 64  # per-sample gradients are computed this many samples at a time (bounds memory)
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,11 @@ class LocalSpec:
     lr: float = 0.05
     clip_norm: float | None = None
     loss: str = "cross_entropy"
+    clip_mode: str = "batch"
 
     def __post_init__(self) -> None:
+        if self.clip_mode not in CLIP_MODES:
+            raise ValueError(f"clip_mode={self.clip_mode!r} is unknown; allowed: {', '.join(CLIP_MODES)}")
         if self.mode not in MODES:
             raise ValueError(f"local mode={self.mode!r} is unknown; allowed: {', '.join(MODES)}")
         if self.loss not in LOSSES:
@@ -151,6 +158,28 @@ class Trainer:
 
         self._step_fn = vmap(grad_and_value(loss_fn))
 
+        def sample_loss(flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            params = {**self._frozen, **layout.unflatten(flat)}
+            out = functional_call(model, params, (x.unsqueeze(0),))
+            return _masked_loss(out, y.unsqueeze(0), torch.ones(1, device=x.device), spec.loss)
+
+        # [k clients] × [b samples] gradients, for per-sample clipping
+        self._sample_fn = vmap(vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0)))
+
+    def _per_sample_step(self, p: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
+                         mb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean over each client's samples of per-sample gradients clipped to clip_norm; mean loss."""
+        total = torch.zeros_like(p)
+        loss_total = torch.zeros(p.shape[0], device=p.device)
+        for s in range(0, xb.shape[1], SAMPLE_BLOCK):
+            g, loss = self._sample_fn(p, xb[:, s:s + SAMPLE_BLOCK], yb[:, s:s + SAMPLE_BLOCK])
+            m = mb[:, s:s + SAMPLE_BLOCK]
+            g = _clip(g, self.spec.clip_norm)
+            total += torch.einsum("kb,kbn->kn", m, g)
+            loss_total += (loss * m).sum(1)
+        count = mb.sum(1).clamp_min(1.0)
+        return total / count[:, None], loss_total / count
+
     # -- vectorized -------------------------------------------------------------------------------
     def train(self, params: torch.Tensor, client_ids: Sequence[int], rnd: int,
               correction: torch.Tensor | None = None) -> Iterator[tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
@@ -182,8 +211,11 @@ class Trainer:
                 xb, yb, mb = x_fixed, y_fixed, mask[:, 0]
             else:
                 xb, yb, mb = data.x[idx[:, t]], data.y[idx[:, t]], mask[:, t]
-            g, loss = self._step_fn(p, xb, yb, mb)
-            g = _clip(g, spec.clip_norm)
+            if spec.clip_norm is not None and spec.clip_mode == "per_sample":
+                g, loss = self._per_sample_step(p, xb, yb, mb)
+            else:
+                g, loss = self._step_fn(p, xb, yb, mb)
+                g = _clip(g, spec.clip_norm)
             if corr is not None:
                 g = g - corr
             p = p - spec.lr * g
@@ -212,9 +244,12 @@ class Trainer:
                 s = 0 if idx.shape[1] == 1 else t
                 xb, yb, mb = data.x[idx[row, s]], data.y[idx[row, s]], mask[row, s]
                 loss = _masked_loss(module(xb), yb, mb, spec.loss)
-                grads = torch.autograd.grad(loss, trainable)
-                g = torch.cat([gr.reshape(-1) for gr in grads])
-                g = _clip(g.unsqueeze(0), spec.clip_norm)[0]
+                if spec.clip_norm is not None and spec.clip_mode == "per_sample":
+                    g = self._sequential_per_sample(module, trainable, xb, yb, mb)
+                else:
+                    grads = torch.autograd.grad(loss, trainable)
+                    g = torch.cat([gr.reshape(-1) for gr in grads])
+                    g = _clip(g.unsqueeze(0), spec.clip_norm)[0]
                 if correction is not None:
                     g = g - correction[row]
                 with torch.no_grad():
@@ -227,6 +262,17 @@ class Trainer:
             out_params.append(self.layout.flatten(module))
             out_losses.append(total / spec.steps)
         return torch.stack(out_params), torch.tensor(out_losses)
+
+    def _sequential_per_sample(self, module: nn.Module, trainable: list[torch.Tensor], xb: torch.Tensor,
+                               yb: torch.Tensor, mb: torch.Tensor) -> torch.Tensor:
+        total, count = None, 0
+        for i in torch.nonzero(mb > 0).flatten().tolist():
+            one = _masked_loss(module(xb[i:i + 1]), yb[i:i + 1], torch.ones(1, device=xb.device), self.spec.loss)
+            g = torch.cat([gr.reshape(-1) for gr in torch.autograd.grad(one, trainable)])
+            g = _clip(g.unsqueeze(0), self.spec.clip_norm)[0]
+            total = g if total is None else total + g
+            count += 1
+        return total / max(count, 1)
 
 
 @torch.no_grad()

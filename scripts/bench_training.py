@@ -29,7 +29,7 @@ def build_sim(args, vectorized: bool):
         "rounds": args.rounds, "seed": 0, "device": args.device, "data_root": args.data_root,
         "num_clients": args.num_clients, "sample_rate": 0.1, "clients_per_round": args.clients_per_round,
         "local_mode": "sgd", "local_steps": args.local_steps, "batch_size": args.batch_size, "lr": 0.05,
-        "local_clip": None, "r": 1.0, "dp": False, "epsilon": None, "delta": 1e-5, "noise_multiplier": None,
+        "local_clip": None, "local_clip_mode": "batch", "r": 1.0, "dp": False, "epsilon": None, "delta": 1e-5, "noise_multiplier": None,
         "clipping_norm": 1.0, "accountant": "rdp", "eval_every": 1, "patience": 0, "validation_fraction": 0.1,
         "vectorized": vectorized, "chunk_size": args.chunk_size, "progress": "off",
         "dataset": OmegaConf.to_container(OmegaConf.load(f"conf/dataset/{args.dataset}.yaml")),

@@ -101,3 +101,22 @@ def test_spec_validation():
         LocalSpec(mode="adam")
     with pytest.raises(ValueError, match="clip_norm=-1"):
         LocalSpec(clip_norm=-1)
+
+
+@pytest.mark.parametrize("mode", ["sgd", "gd"])
+def test_per_sample_clipping_vectorized_equals_sequential(mode):
+    torch.manual_seed(0)
+    model = build_model("lenet5")
+    lay = FlatParams(model)
+    data = _data(n=150, clients=5)
+    spec = LocalSpec(mode, steps=2, batch_size=8, lr=0.1, clip_norm=0.3, clip_mode="per_sample")
+    tr = Trainer(model, lay, data, spec, seed=2, chunk_size=3)
+    p0 = lay.flatten(model)
+    ids = np.arange(5)
+    vec = torch.cat([c[1] for c in tr.train(p0, ids, 1)])
+    seq, _ = tr.train_sequential(p0, ids, 1)
+    assert (vec - seq).abs().max() < 1e-5
+    # each step moves a client by at most lr · clip (mean of vectors of norm ≤ clip)
+    assert ((vec - p0).norm(dim=1) <= 2 * 0.1 * 0.3 + 1e-5).all()
+    batch = Trainer(model, lay, data, LocalSpec(mode, steps=2, batch_size=8, lr=0.1, clip_norm=0.3), seed=2)
+    assert not torch.allclose(torch.cat([c[1] for c in batch.train(p0, ids, 1)]), vec)
