@@ -75,7 +75,7 @@ def bench_row(
 
 
 def accuracy_table(dim: int, configs: list[tuple[int, int]], seeds: int) -> list[str]:
-    """Mean relative L2 error ‖x̂ − x‖/‖x‖ on Cauchy vectors for PRIVIX and HEAPRIX vs the number of heavy m."""
+    """Mean relative L2 error ‖x̂ − x‖/‖x‖ on Cauchy vectors: PRIVIX, and HEAPRIX vs the number of heavy m."""
     lines = [
         "",
         f"Relative error ‖x̂ − x‖/‖x‖ on standard-Cauchy vectors, d = {dim:,}, mean of {seeds} seeds "

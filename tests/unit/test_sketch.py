@@ -184,7 +184,8 @@ def test_privix_matches_brute_force_median(t: int, k: int) -> None:
     rb, rs = ref_hashes(cs.hash_coefficients, k, range(d))
     x = rand(d, seed=2)
     S = cs.sketch(x)
-    expected = torch.tensor(ref_privix(S.double().tolist(), rb, rs), dtype=torch.float64)  # statistics.median: midpoint if even
+    # statistics.median takes the midpoint of the two middle values when t is even
+    expected = torch.tensor(ref_privix(S.double().tolist(), rb, rs), dtype=torch.float64)
     torch.testing.assert_close(cs.privix(S).double(), expected, rtol=0, atol=1e-5)
 
 
@@ -324,7 +325,9 @@ def test_heaprix_tends_to_identity_as_the_sketch_grows() -> None:
     assert errs_sketch[-1] < 1e-3  # k = 2d: peeling the heavy part leaves almost no collisions
 
 
-@pytest.mark.parametrize(("d", "t", "k", "m", "exact"), [(2000, 5, 50, 50, True), (6000, 20, 40, 20, False), (6000, 20, 40, 40, True)])
+@pytest.mark.parametrize(
+    ("d", "t", "k", "m", "exact"), [(2000, 5, 50, 50, True), (6000, 20, 40, 20, False), (6000, 20, 40, 40, True)]
+)
 def test_heaprix_error_below_privix_on_heavy_tailed_vectors(d: int, t: int, k: int, m: int, exact: bool) -> None:
     # Sketch-only HEAPRIX (paper's Alg. 4) needs t large or m < k to win: with the same hashes the
     # estimation error of the heavy part is subtracted in all t rows (see the report / docstring).
