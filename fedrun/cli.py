@@ -32,6 +32,16 @@ def _tracker(cfg: DictConfig):
     return MlflowTracker(cfg.tracking.get("uri"), cfg.tracking.experiment, parent_run_id=parent, sweep=sweep)
 
 
+def _multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except ValueError:
+        return False
+
+
 def _output_dir() -> Path:
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -48,7 +58,7 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 def main(cfg: DictConfig) -> float | None:
     from fedrun.config import ConfigError
     from fedrun.data.dataset import DataIntegrityError, DataNotFoundError
-    from fedrun.run import run
+    from fedrun.run import RunDiverged, run
 
     try:
         tracker = _tracker(cfg)
@@ -56,6 +66,11 @@ def main(cfg: DictConfig) -> float | None:
     except (ConfigError, DataNotFoundError, DataIntegrityError, ConnectionError) as exc:
         print(f"fedrun: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except RunDiverged as exc:
+        print(f"fedrun: error: {exc}", file=sys.stderr)
+        if _multirun():  # let the sweep go on with its other jobs
+            return None
+        sys.exit(1)
     lines = [f"  {k}: {v:.6g}" for k, v in summary.items()]
     print("fedrun: done\n" + "\n".join(lines))
     if getattr(tracker, "run_id", None):

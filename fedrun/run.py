@@ -34,6 +34,10 @@ log = logging.getLogger("fedrun")
 IMAGE_MODELS = ("lenet5", "femnist_cnn", "fashion_cnn")
 
 
+class RunDiverged(FloatingPointError):
+    """The global model or the training loss became NaN/inf; metrics up to the previous round are kept."""
+
+
 # ------------------------------------------------------------------------------------------ building
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -290,7 +294,9 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path) -> dict[str, float
                 metrics["epsilon"] = eps
                 metrics.update(sim.last_dp_diagnostics)
             if not torch.isfinite(sim.params).all():
-                raise FloatingPointError(f"the global model has NaN/inf parameters after round {rnd}")
+                raise RunDiverged(f"the run diverged at round {rnd}: the global model has NaN/inf parameters "
+                                  f"(metrics up to round {rnd - 1} are kept); try a smaller lr or more noise-robust "
+                                  f"settings")
             metrics["round_seconds"] = time.perf_counter() - t0
             evaluated = rnd % int(c["eval_every"]) == 0 or rnd == rounds
             if evaluated:
@@ -362,13 +368,22 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     try:
         summary = run_rounds(built, c, tracker, out)
         if built.sim.accountant is not None:
-            summary.update({f"epsilon_{k}": v for k, v in built.sim.accountant.summary().items()
-                            if isinstance(v, (int, float))})
+            acct = built.sim.accountant.summary()
+            dp = built.sim.client_dp
+            summary.update({"epsilon_rdp": acct["epsilon_rdp"], "epsilon_pld": acct["epsilon_pld"],
+                            "dp_delta": dp.delta, "dp_noise_multiplier": dp.noise_multiplier,
+                            "dp_sampling_probability": dp.sampling_probability,
+                            "dp_clipping_norm": dp.clipping_norm, "dp_rounds": acct["rounds"]})
+        if built.sim.local_dp is not None:
+            summary.update(built.sim.local_dp.summary())
         tracker.log_metrics(summary, step=int(summary["rounds_completed"]))
         status = "FINISHED"
         return summary
     except KeyboardInterrupt:
         status = "KILLED"
+        raise
+    except RunDiverged as exc:
+        tracker.set_tags({"fedrun.failure_reason": str(exc)})
         raise
     finally:
         for name in ("config.yaml", "metrics.csv", "test_accuracy.png", "test_mse.png"):
