@@ -87,6 +87,12 @@ def sketch_epsilon(rows: int, cols: int, length: int, sigma: float, bound_C: flo
     arbitrary model updates, and it assumes no exact values are ever released (so it does not cover the
     two-exchange HEAPRIX/SketchedSGD variant).
 
+    The side condition is strict: ``α = 4`` maximises its slack, so it can hold only if
+    ``C/σ <= 1/(4·sqrt(m(m−1)(1+ln(l−m))/(l−2)))`` — for LeNet-5 (l = 60,000) ``C/σ <= 0.448`` at
+    (t, m) = (20, 40) and ``<= 0.178`` at (50, 100), where ε = t·ln(1.25) = 4.46 and 11.2. Gaussian entries
+    are bounded by such a C with high probability only if ``C >= ~4σ``, so for the paper's sketch sizes
+    the theorem gives no ε at all.
+
     Choice: when the theorem's side condition ``q <= 1/2 − 1/α`` fails the theorem says nothing, and this
     function raises ``ValueError`` naming the violated condition and its two sides (rather than returning
     ``math.inf``, which a table could silently print as a result). Callers sweeping a grid can catch it.

@@ -371,6 +371,10 @@ def test_sketch_epsilon_condition_and_validation() -> None:
         sketch_epsilon(20, 40, 60000, 1.0, 4.0, 4.0)  # paper's (20, 40) on LeNet-5 with C = 4 sigma
     with pytest.raises(ValueError, match="condition violated"):
         sketch_epsilon(1, 2, 3, 1.0, 1e-3, 1.5)  # alpha < 2: the right side is negative
+    # (20, 40) on l = 60,000: the condition holds iff C/sigma <= 1/(4 sqrt(1560 (1 + ln 59960) / 59998)) ≈ 0.4475
+    assert sketch_epsilon(20, 40, 60000, 1.0, 0.447, 4.0) == pytest.approx(20 * math.log(1.25), rel=3e-3)
+    with pytest.raises(ValueError, match="condition violated"):
+        sketch_epsilon(20, 40, 60000, 1.0, 0.448, 4.0)
     for kwargs, name in [
         (dict(rows=0), "rows"),
         (dict(cols=0), "cols"),
