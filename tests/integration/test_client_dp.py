@@ -46,7 +46,8 @@ def test_dp_aggregate_is_clip_sum_noise_over_expected_clients(fast_cfg):
 @pytest.mark.parametrize("extra,message", [
     (["sampler=uniform", "epsilon=1"], "dp=true needs sampler=poisson"),
     (["epsilon=1", "noise_multiplier=0.3"], "disagree"),
-    (["epsilon=1e-12"], "cannot be met"),
+    (["epsilon=0"], "epsilon=0 must be > 0"),
+    (["epsilon=-1"], "epsilon=-1 must be > 0"),
     ([], "dp=true needs a budget"),
 ])
 def test_dp_config_errors(fast_cfg, extra, message):
