@@ -24,6 +24,7 @@ from fedrun.comm import paper_cost_bits
 from fedrun.config import ConfigError, check_partition, dp_mode, validate
 from fedrun.data import partition as partitioners
 from fedrun.data.sources import load_dataset
+from fedrun.models.flat import FlatParams
 from fedrun.models.nets import build_model
 from fedrun.rng import numpy_rng
 from fedrun.simulation import ClientDP, Simulation
@@ -179,11 +180,13 @@ def build(c: dict) -> Built:
         from fedrun.dp import make_local_dp
 
         local_dp = make_local_dp(c, mode, sampler, parts, spec)
+    trainable = scheme.prepare_model(model, {"dataset": dataset, "config": c, "device": device, "seed": seed})
+    layout = FlatParams(model, trainable) if trainable is not None else None
     data = ClientData(x_train.to(device), y_train.to(device), parts)
     sim = Simulation(model=model, data=data, x_test=dataset.x_test.to(device), y_test=dataset.y_test.to(device),
                      sampler=sampler, scheme=scheme, spec=spec, seed=seed, device=device,
                      chunk_size=int(c["chunk_size"]), vectorized=bool(c["vectorized"]),
-                     client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val)
+                     client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val, layout=layout)
     names = {"dataset": dataset.name, "model": model_name, "partition": part_name,
              "scheme": _scheme_name(c), "dp": mode, "device": str(device)}
     return Built(sim, names, stats, {"task": dataset.task, "source": dataset.source})

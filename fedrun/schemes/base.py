@@ -41,6 +41,15 @@ class Scheme:
         self.server_lr = float(server_lr)
 
     # -- set-up and state -------------------------------------------------------------------------
+    def prepare_model(self, model: torch.nn.Module, context: dict) -> set[str] | None:
+        """Before the simulation is built: initialise ``model`` in place (e.g. from a pre-trained source
+        model) and return the names of the parameters that train and travel (None = all of them).
+
+        ``context`` has ``dataset`` (the loaded Dataset), ``config`` (the resolved config dict),
+        ``device`` and ``seed``.
+        """
+        return None
+
     def setup(self, sim: "Simulation") -> None:
         """Called once the simulation is built (model size known): allocate server state here."""
 
