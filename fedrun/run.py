@@ -170,7 +170,7 @@ def build(c: dict) -> Built:
     loss = "cross_entropy" if dataset.task == "classification" else "mse"
     spec = LocalSpec(mode=c["local_mode"], steps=int(c["local_steps"]), batch_size=int(c["batch_size"]),
                      lr=float(c["lr"]), clip_norm=c.get("local_clip"), loss=loss,
-                     clip_mode=c.get("local_clip_mode", "batch"))
+                     clip_mode=c.get("local_clip_mode", "batch"), clip_ord=int(c.get("local_clip_ord", 2)))
     sampler = _instantiate(c["sampler"], num_clients=len(parts))
     scheme = _instantiate({k: v for k, v in c["scheme"].items() if k != "name"})
     mode = dp_mode(c["dp"])

@@ -51,8 +51,11 @@ class LocalSpec:
     clip_norm: float | None = None
     loss: str = "cross_entropy"
     clip_mode: str = "batch"
+    clip_ord: int = 2
 
     def __post_init__(self) -> None:
+        if self.clip_ord not in (1, 2):
+            raise ValueError(f"clip_ord={self.clip_ord} is not allowed; use 1 (L1, for the Laplace mechanism) or 2")
         if self.clip_mode not in CLIP_MODES:
             raise ValueError(f"clip_mode={self.clip_mode!r} is unknown; allowed: {', '.join(CLIP_MODES)}")
         if self.mode not in MODES:
@@ -129,11 +132,11 @@ def _masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, kind: s
     return (per * mask).sum() / mask.sum().clamp_min(1.0)
 
 
-def _clip(g: torch.Tensor, clip_norm: float | None) -> torch.Tensor:
-    """Scale each row of g to L2 norm ≤ clip_norm."""
+def _clip(g: torch.Tensor, clip_norm: float | None, ord: int = 2) -> torch.Tensor:
+    """Scale each row of g to L_ord norm ≤ clip_norm (ord 2, or 1 for the Laplace mechanism's sensitivity)."""
     if clip_norm is None:
         return g
-    norms = g.norm(dim=-1, keepdim=True)
+    norms = g.norm(p=ord, dim=-1, keepdim=True)
     return g * torch.clamp(clip_norm / norms.clamp_min(1e-12), max=1.0)
 
 
@@ -174,7 +177,7 @@ class Trainer:
         for s in range(0, xb.shape[1], SAMPLE_BLOCK):
             g, loss = self._sample_fn(p, xb[:, s:s + SAMPLE_BLOCK], yb[:, s:s + SAMPLE_BLOCK])
             m = mb[:, s:s + SAMPLE_BLOCK]
-            g = _clip(g, self.spec.clip_norm)
+            g = _clip(g, self.spec.clip_norm, self.spec.clip_ord)
             total += torch.einsum("kb,kbn->kn", m, g)
             loss_total += (loss * m).sum(1)
         count = mb.sum(1).clamp_min(1.0)
@@ -215,7 +218,7 @@ class Trainer:
                 g, loss = self._per_sample_step(p, xb, yb, mb)
             else:
                 g, loss = self._step_fn(p, xb, yb, mb)
-                g = _clip(g, spec.clip_norm)
+                g = _clip(g, spec.clip_norm, spec.clip_ord)
             if corr is not None:
                 g = g - corr
             p = p - spec.lr * g
@@ -249,7 +252,7 @@ class Trainer:
                 else:
                     grads = torch.autograd.grad(loss, trainable)
                     g = torch.cat([gr.reshape(-1) for gr in grads])
-                    g = _clip(g.unsqueeze(0), spec.clip_norm)[0]
+                    g = _clip(g.unsqueeze(0), spec.clip_norm, spec.clip_ord)[0]
                 if correction is not None:
                     g = g - correction[row]
                 with torch.no_grad():
@@ -269,7 +272,7 @@ class Trainer:
         for i in torch.nonzero(mb > 0).flatten().tolist():
             one = _masked_loss(module(xb[i:i + 1]), yb[i:i + 1], torch.ones(1, device=xb.device), self.spec.loss)
             g = torch.cat([gr.reshape(-1) for gr in torch.autograd.grad(one, trainable)])
-            g = _clip(g.unsqueeze(0), self.spec.clip_norm)[0]
+            g = _clip(g.unsqueeze(0), self.spec.clip_norm, self.spec.clip_ord)[0]
             total = g if total is None else total + g
             count += 1
         return total / max(count, 1)

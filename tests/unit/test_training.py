@@ -120,3 +120,17 @@ def test_per_sample_clipping_vectorized_equals_sequential(mode):
     assert ((vec - p0).norm(dim=1) <= 2 * 0.1 * 0.3 + 1e-5).all()
     batch = Trainer(model, lay, data, LocalSpec(mode, steps=2, batch_size=8, lr=0.1, clip_norm=0.3), seed=2)
     assert not torch.allclose(torch.cat([c[1] for c in batch.train(p0, ids, 1)]), vec)
+
+
+def test_l1_per_sample_clipping_matches_sequential():
+    model = build_model("lr")
+    lay = FlatParams(model)
+    data = _data(n=120, clients=4, regression=True)
+    spec = LocalSpec("gd", steps=3, lr=0.1, clip_norm=0.5, clip_mode="per_sample", clip_ord=1, loss="mse")
+    tr = Trainer(model, lay, data, spec, seed=0)
+    p0 = lay.flatten(model)
+    vec = torch.cat([c[1] for c in tr.train(p0, np.arange(4), 1)])
+    seq, _ = tr.train_sequential(p0, np.arange(4), 1)
+    assert (vec - seq).abs().max() < 1e-5
+    # each of the 3 steps moves the model by at most lr · clip in L1
+    assert ((vec - p0).abs().sum(1) <= 3 * 0.1 * 0.5 + 1e-5).all()
