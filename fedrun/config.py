@@ -44,6 +44,33 @@ def dp_mode(value: Any) -> str:
     return DP_MODES[key]
 
 
+def resolve_rounds(cfg: dict[str, Any]) -> None:
+    """``total_iterations`` T (paper 001: T = E·T_g) → ``rounds`` = T / local_steps, in place.
+
+    rounds=null derives the rounds from T (T must be a multiple of local_steps); a given rounds must agree
+    with T (rounds · local_steps = T); total_iterations=null leaves rounds as given (fixed T_g).
+    """
+    total, rounds = cfg.get("total_iterations"), cfg.get("rounds")
+    if total is None:
+        if rounds is None:
+            raise ConfigError("rounds=null needs total_iterations=T (then rounds = T / local_steps)")
+        return
+    t = _int(cfg, "total_iterations", 1)
+    e = _int(cfg, "local_steps", 1)
+    if rounds is None:
+        if t % e:
+            divisors = [d for d in range(1, t + 1) if t % d == 0]
+            shown = ", ".join(map(str, divisors[:12])) + (", …" if len(divisors) > 12 else "")
+            raise ConfigError(f"total_iterations={t} is not a multiple of local_steps={e} (T = E·T_g needs a whole "
+                              f"number of rounds); allowed local_steps: {shown}")
+        cfg["rounds"] = t // e
+        return
+    r = _int(cfg, "rounds", 1)
+    if r * e != t:
+        raise ConfigError(f"rounds={r} × local_steps={e} = {r * e} disagrees with total_iterations={t}; set "
+                          f"rounds=null (derived: T / E) or total_iterations=null (fixed rounds)")
+
+
 def validate(cfg: Mapping[str, Any]) -> None:
     """Raise :class:`ConfigError` for the first bad value found."""
     _int(cfg, "rounds", 1)

@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fedrun.comm import paper_cost_bits
-from fedrun.config import ConfigError, check_partition, dp_mode, validate
+from fedrun.config import ConfigError, check_partition, dp_mode, resolve_rounds, validate
 from fedrun.data import partition as partitioners
 from fedrun.data.sources import load_dataset
 from fedrun.models.flat import FlatParams
@@ -143,6 +143,7 @@ class Built:
 
 def build(c: dict) -> Built:
     """Resolved config (plain dict) → a ready :class:`Simulation` and descriptive names."""
+    resolve_rounds(c)  # total_iterations → rounds (in place, so the logged params show the rounds run)
     validate(c)
     device = resolve_device(str(c["device"]))
     ds_cfg = c["dataset"]
