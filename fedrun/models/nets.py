@@ -7,6 +7,7 @@
   architecture): conv 5×5/16 pad 2 → ReLU → maxpool 2 → conv 5×5/32 pad 2 → ReLU → maxpool 2 → FC 64 →
   ReLU → FC 10: 114,314 parameters, i.e. n ≈ 100k, the size the compression benchmark targets.
 * :class:`LinearRegression` — paper 001's Lending Club model: 10 features + bias = 11 parameters.
+* :class:`VGG16` — torchvision's VGG-16 layout for 28×28 grey inputs (paper 003's ImageNet source).
 
 Every model exposes ``split_index``: the number of leading modules that form the feature extractor
 f¹ for feature-based transfer learning (paper 003); ``features(x)`` runs f¹ and ``head(z)`` runs f².
@@ -90,7 +91,60 @@ class LinearRegression(_Sequential):
         self.default_cut = 0
 
 
-_MODELS = {"lenet5": LeNet5, "femnist_cnn": FemnistCNN, "fashion_cnn": FashionCNN, "lr": LinearRegression}
+class _GreyToRGB(nn.Module):
+    """1×28×28 grey images → 3×size×size (bilinear resize, channel copy) for ImageNet architectures."""
+
+    def __init__(self, size: int = 32) -> None:
+        super().__init__()
+        self.size = int(size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
+        return x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
+
+
+class VGG16(_Sequential):
+    """torchvision's VGG-16 layout (paper 003's source model) for 28×28 grey inputs, without dropout.
+
+    body: [0] grey→RGB 32×32, [1..31] VGG-16 ``features``, [32] adaptive avg-pool 7×7, [33] flatten,
+    [34] FC 25088→4096, [36] FC 4096→4096, [38] FC 4096→classes (ReLUs between). ``default_cut`` = 38: f¹
+    outputs the 4096 features of the paper's FbFTL upload. Built from scratch (random weights); ImageNet
+    weights, if present locally, are loaded by paper 003's transfer schemes (``source_dataset=imagenet``).
+    """
+
+    _CFG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [_GreyToRGB(32)]
+        c = 3
+        for v in self._CFG:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2))
+            else:
+                layers += [nn.Conv2d(c, int(v), 3, padding=1), nn.ReLU()]
+                c = int(v)
+        layers += [nn.AdaptiveAvgPool2d((7, 7)), nn.Flatten(),
+                   nn.Linear(512 * 7 * 7, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
+                   nn.Linear(4096, num_classes)]
+        self.body = nn.Sequential(*layers)
+        self.default_cut = 38
+
+    @staticmethod
+    def torchvision_name_map() -> dict[str, str]:
+        """torchvision ``vgg16`` state-dict names → this body's names."""
+        out = {}
+        for i in range(31):
+            for kind in ("weight", "bias"):
+                out[f"features.{i}.{kind}"] = f"body.{i + 1}.{kind}"
+        for tv, ours in ((0, 34), (3, 36), (6, 38)):
+            for kind in ("weight", "bias"):
+                out[f"classifier.{tv}.{kind}"] = f"body.{ours}.{kind}"
+        return out
+
+
+_MODELS = {"lenet5": LeNet5, "femnist_cnn": FemnistCNN, "fashion_cnn": FashionCNN, "lr": LinearRegression,
+           "vgg16": VGG16}
 
 
 def build_model(name: str, **kwargs) -> nn.Module:
@@ -106,4 +160,4 @@ def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["LeNet5", "FemnistCNN", "FashionCNN", "LinearRegression", "build_model", "num_parameters"]
+__all__ = ["LeNet5", "FemnistCNN", "FashionCNN", "VGG16", "LinearRegression", "build_model", "num_parameters"]
