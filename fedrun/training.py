@@ -37,7 +37,8 @@ from fedrun.rng import numpy_rng
 MODES = ("sgd", "gd")
 LOSSES = ("cross_entropy", "mse")
 CLIP_MODES = ("batch", "per_sample")
-SAMPLE_BLOCK = 64  # per-sample gradients are computed this many samples at a time (bounds memory)
+SAMPLE_BLOCK = 64  # per-sample gradients are computed at least this many samples at a time …
+SAMPLE_ELEMENTS = 1 << 22  # … and more while a block's [k, b, n] gradients stay under this many entries (small models)
 
 
 @dataclass(frozen=True)
@@ -174,9 +175,10 @@ class Trainer:
         """Mean over each client's samples of per-sample gradients clipped to clip_norm; mean loss."""
         total = torch.zeros_like(p)
         loss_total = torch.zeros(p.shape[0], device=p.device)
-        for s in range(0, xb.shape[1], SAMPLE_BLOCK):
-            g, loss = self._sample_fn(p, xb[:, s:s + SAMPLE_BLOCK], yb[:, s:s + SAMPLE_BLOCK])
-            m = mb[:, s:s + SAMPLE_BLOCK]
+        block = max(SAMPLE_BLOCK, SAMPLE_ELEMENTS // max(1, p.shape[0] * p.shape[1]))
+        for s in range(0, xb.shape[1], block):
+            g, loss = self._sample_fn(p, xb[:, s:s + block], yb[:, s:s + block])
+            m = mb[:, s:s + block]
             g = _clip(g, self.spec.clip_norm, self.spec.clip_ord)
             total += torch.einsum("kb,kbn->kn", m, g)
             loss_total += (loss * m).sum(1)
