@@ -357,6 +357,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     tags = {"scheme": names["scheme"], "dataset": names["dataset"], "model": names["model"],
             "partition": names["partition"], "dp": names["dp"], "git_commit": git_commit(),
             "fedrun.num_parameters": str(built.sim.n)}
+    tags.update(built.sim.scheme.tags(built.sim))
     params = flatten({k: v for k, v in c.items() if k != "hydra"})
     run_name = c.get("tracking", {}).get("run_name") or f"{names['scheme']}-{names['dataset']}"
     tracker.start(params, tags, run_name=run_name)

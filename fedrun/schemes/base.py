@@ -57,6 +57,10 @@ class Scheme:
         """r of paper 000's cost formula r·n·32·Round·C (m / n for compressing schemes)."""
         return 1.0
 
+    def tags(self, sim: "Simulation") -> dict[str, str]:
+        """Extra run tags describing the scheme's set-up (e.g. which guarantee applies, or why none does)."""
+        return {}
+
     def state_dict(self) -> dict:
         """Server-side state (momentum, error, …) for checkpoints."""
         return {}
