@@ -49,6 +49,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def resolve_workers(value: Any, device: torch.device) -> int:
+    """``auto`` = one training thread per CPU core torch uses (1 on a GPU)."""
+    if device.type != "cpu":
+        return 1
+    if value == "auto":
+        return max(1, torch.get_num_threads())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"workers={value!r} must be an integer >= 1 or auto")
+    return int(value)
+
+
 def _instantiate(node: Any, **kwargs: Any) -> Any:
     """hydra.utils.instantiate that reports the constructor's own ValueError as a ConfigError."""
     from hydra.errors import InstantiationException
@@ -186,7 +197,8 @@ def build(c: dict) -> Built:
     data = ClientData(x_train.to(device), y_train.to(device), parts)
     sim = Simulation(model=model, data=data, x_test=dataset.x_test.to(device), y_test=dataset.y_test.to(device),
                      sampler=sampler, scheme=scheme, spec=spec, seed=seed, device=device,
-                     chunk_size=int(c["chunk_size"]), vectorized=bool(c["vectorized"]),
+                     chunk_size=int(c["chunk_size"]), workers=resolve_workers(c.get("workers", 1), device),
+                     vectorized=bool(c["vectorized"]),
                      client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val, layout=layout)
     names = {"dataset": dataset.name, "model": model_name, "partition": part_name,
              "scheme": _scheme_name(c), "dp": mode, "device": str(device)}

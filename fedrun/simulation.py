@@ -71,7 +71,8 @@ class Simulation:
 
     def __init__(self, *, model: nn.Module, data: ClientData, x_test: torch.Tensor, y_test: torch.Tensor,
                  sampler: Sampler, scheme: Scheme, spec: LocalSpec, seed: int,
-                 device: torch.device | str = "cpu", chunk_size: int = 64, vectorized: bool = True,
+                 device: torch.device | str = "cpu", chunk_size: int = 64, workers: int = 1,
+                 vectorized: bool = True,
                  client_dp: ClientDP | None = None, local_dp=None,
                  x_val: torch.Tensor | None = None, y_val: torch.Tensor | None = None,
                  layout: FlatParams | None = None) -> None:
@@ -88,7 +89,8 @@ class Simulation:
         self.spec = spec
         self.seed = int(seed)
         self.vectorized = bool(vectorized)
-        self.trainer = Trainer(self.model, self.layout, data, spec, seed=self.seed, chunk_size=chunk_size)
+        self.trainer = Trainer(self.model, self.layout, data, spec, seed=self.seed, chunk_size=chunk_size,
+                               workers=workers)
         self.ledger = Ledger()
         self.client_state = ClientState(data.num_clients, self.device)
         self.client_dp = client_dp

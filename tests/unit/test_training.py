@@ -37,7 +37,7 @@ def test_vectorized_equals_sequential(spec):
     p0 = lay.flatten(model)
     ids = np.arange(data.num_clients)
     chunks = list(tr.train(p0, ids, rnd=3))
-    assert [len(c[0]) for c in chunks] == [5, 5, 2]  # bounded chunks
+    assert [len(c[0]) for c in chunks] == [4, 4, 4]  # balanced chunks of at most chunk_size
     vec = torch.cat([c[1] for c in chunks])
     vec_loss = torch.cat([c[2] for c in chunks])
     seq, seq_loss = tr.train_sequential(p0, ids, rnd=3)
@@ -134,3 +134,22 @@ def test_l1_per_sample_clipping_matches_sequential():
     assert (vec - seq).abs().max() < 1e-5
     # each of the 3 steps moves the model by at most lr · clip in L1
     assert ((vec - p0).abs().sum(1) <= 3 * 0.1 * 0.5 + 1e-5).all()
+
+
+def test_worker_threads_give_identical_results():
+    torch.manual_seed(0)
+    model = build_model("lenet5")
+    lay = FlatParams(model)
+    data = _data()
+    spec = LocalSpec("sgd", steps=3, batch_size=8, lr=0.05)
+    p0 = lay.flatten(model)
+    ids = np.arange(data.num_clients)
+    one = Trainer(model, lay, data, spec, seed=5, chunk_size=64, workers=1)
+    two = Trainer(model, lay, data, spec, seed=5, chunk_size=64, workers=2)
+    a = list(one.train(p0, ids, 2))
+    b = list(two.train(p0, ids, 2))
+    assert len(a) == 1 and [len(c[0]) for c in b] == [6, 6]
+    assert torch.equal(torch.cat([c[1] for c in a]), torch.cat([c[1] for c in b])) or \
+        (torch.cat([c[1] for c in a]) - torch.cat([c[1] for c in b])).abs().max() < 1e-6
+    assert np.array_equal(np.concatenate([c[0] for c in b]), ids)
+    assert torch.get_num_threads() == 2  # restored after the parallel section
