@@ -1,0 +1,323 @@
+"""Local DP around any FedAvg-shaped scheme (paper 001: Fu et al., arXiv 2101.04163, Alg. 1, Thms 1–2).
+
+``dp=local_laplace`` / ``dp=local_gaussian``: every engaged client, after its E full-batch gradient steps
+with per-sample gradients clipped to ζ (``local_clip``), adds noise to the model it uploads. The server
+knows the model it broadcast, so noise on the uploaded model is the same noise on the uploaded update:
+:meth:`LocalDP.privatize` adds it to each client's transmitted vector (the update) before aggregation.
+
+Noise scales (``fedrun.privacy.local``, derivation in its docstring): client l, n_l samples, T_l
+participations over the run, η = ``lr``, E = ``local_steps``, ζ = ``local_clip``:
+
+* Laplace, per coordinate scale  b_l = Δ₁·T_l/ε,                Δ₁ = 2ζηE/n_l (ζ an L1 bound)
+* Gaussian, per coordinate std   σ_l = Δ₂·√(2·T_l·ln(1.25/δ))/ε, Δ₂ = 2ζηE/n_l (ζ an L2 bound)
+  (``local_dp_calibration=analytic``: σ_l = √T_l·Δ₂·σ_BW(ε, δ), the exact analytic Gaussian.)
+
+T_l must be known when the run starts, so only samplers with a deterministic participation count are
+allowed: ``round_robin`` (exact counts from :meth:`RoundRobinSampler.participations`) and ``all``
+(T_l = rounds). Others raise a :class:`ConfigError`.
+
+Accounting is done from what was actually added, one event per client and participation: Laplace
+releases with pure ε_i = Δ₁/b_l composed by basic composition (Σ ε_i), Gaussian releases with noise
+multiplier σ_l/Δ₂ composed with RDP (per round, logged as ``epsilon``) and PLD (in the summary). The
+logged ε is the worst client's. So a reader sees the target ε (what the paper's formula was asked for)
+beside the ε actually composed (e.g. the classic Gaussian formula overshoots its target for ε ≥ 1).
+
+Deliberate choices on clip settings (each bad combination is a one-line :class:`ConfigError`):
+
+* no ``local_clip`` → error (the sensitivity needs ζ); ``local_mode`` must be ``gd`` (E full-batch steps);
+* Laplace needs ``local_clip_ord=1`` (its sensitivity is an L1 bound; an L2 clip ζ₂ would bound it only by
+  √p·ζ₂ — set ``local_clip_ord=1`` instead). Gaussian accepts ord 2 (its own norm) or 1 (‖v‖₂ ≤ ‖v‖₁);
+* ``local_clip_mode=batch`` is allowed but uses its own, correct sensitivity 2ζηE — no 1/n_l, i.e. n_l times
+  the noise of per-sample clipping (a warning is logged); the paper's scales need ``per_sample``;
+* ``local_dp_sensitivity``: ``paper`` (2ζηE/n_l: gradient steps non-expansive, true for the convex
+  Lending Club LR) or ``proven`` (2ζη/n_l + 2ζη(E−1): no assumption on the loss, e.g. for the CNN).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrun.config import ConfigError
+from fedrun.privacy.accounting import gaussian_composition_epsilon, laplace_basic_composition
+from fedrun.privacy.local import aggregated_noise_variance, gaussian_std, laplace_scale, sensitivity
+from fedrun.privacy.mechanisms import gaussian_noise, laplace_noise
+from fedrun.sampling import AllSampler, RoundRobinSampler
+from fedrun.training import LocalSpec
+
+log = logging.getLogger("fedrun")
+
+__all__ = ["LocalDP", "make_local_dp", "MECHANISMS", "CALIBRATIONS", "SENSITIVITIES"]
+
+MECHANISMS = ("laplace", "gaussian")
+CALIBRATIONS = ("classic", "analytic")
+SENSITIVITIES = ("paper", "proven")
+ALLOWED_SAMPLERS = "round_robin (exact T_l) or all (T_l = rounds)"
+_SAMPLER_NAMES = {"PoissonSampler": "poisson", "UniformSampler": "uniform", "RoundRobinSampler": "round_robin",
+                  "AllSampler": "all"}
+
+
+class LocalDP:
+    """Per-client local-DP noise (paper 001) and the accounting of what was added.
+
+    ``participations[l]`` = T_l (the number of rounds client l will take part in), ``sizes[l]`` = n_l.
+    Clients with T_l = 0 (never selected) or n_l = 0 (no data) get no noise and no events.
+    """
+
+    def __init__(self, mechanism: str, epsilon: float, clip_norm: float, lr: float, local_iters: int,
+                 participations: np.ndarray, sizes: np.ndarray, *, delta: float | None = None,
+                 clip_mode: str = "per_sample", nonexpansive: bool = True, calibration: str = "classic",
+                 accountant: str = "rdp") -> None:
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism={mechanism!r} is not one of {MECHANISMS}")
+        if calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration={calibration!r} is not one of {CALIBRATIONS}")
+        if mechanism == "gaussian" and not (delta is not None and 0 < delta < 1):
+            raise ValueError(f"delta={delta!r} is outside (0, 1) (needed by the Gaussian mechanism)")
+        if not (epsilon > 0 and not math.isnan(epsilon)):
+            raise ValueError(f"epsilon={epsilon!r} is outside (0, inf]")
+        participations = np.asarray(participations, dtype=np.int64)
+        sizes = np.asarray(sizes, dtype=np.int64)
+        if participations.shape != sizes.shape:
+            raise ValueError(f"participations has {participations.size} entries, sizes {sizes.size}; they must match")
+        self.mechanism = mechanism
+        self.epsilon_target = float(epsilon)
+        self.delta = float(delta) if delta is not None else None
+        self.clip_norm, self.lr, self.local_iters = float(clip_norm), float(lr), int(local_iters)
+        self.clip_mode, self.nonexpansive, self.calibration = clip_mode, bool(nonexpansive), calibration
+        self.accountant = accountant
+        self.participations, self.sizes = participations, sizes
+        n = len(sizes)
+        self.sens = np.zeros(n)
+        self.scales = np.zeros(n)  # Laplace scale b_l or Gaussian std σ_l, per coordinate
+        for l in range(n):
+            if participations[l] < 1 or sizes[l] < 1:
+                continue
+            self.sens[l] = sensitivity(self.clip_norm, self.lr, self.local_iters, int(sizes[l]), clip_mode,
+                                       nonexpansive=self.nonexpansive)
+            if mechanism == "laplace":
+                self.scales[l] = laplace_scale(self.clip_norm, self.lr, self.local_iters, int(participations[l]),
+                                               int(sizes[l]), self.epsilon_target, clip_mode,
+                                               nonexpansive=self.nonexpansive)
+            else:
+                self.scales[l] = gaussian_std(self.clip_norm, self.lr, self.local_iters, int(participations[l]),
+                                              int(sizes[l]), self.epsilon_target, self.delta, clip_mode,
+                                              nonexpansive=self.nonexpansive, calibration=calibration)
+        self.counts = np.zeros(n, dtype=np.int64)  # participations noised so far
+        self._eps_cache: dict[tuple[str, float, int], float] = {}
+        self._round: int | None = None
+        self._item: torch.Tensor | None = None
+        self._round_weights: dict[int, float] = {}
+        self._round_formula = 0.0
+        self._round_std = 0.0
+
+    # -- noise -------------------------------------------------------------------------------------
+    @property
+    def noiseless(self) -> bool:
+        return math.isinf(self.epsilon_target)
+
+    def privatize(self, sim, rnd: int, clients: np.ndarray, payload: torch.Tensor) -> torch.Tensor:
+        """Add client l's noise (Laplace scale b_l or Gaussian std σ_l per coordinate) to its row of ``payload``.
+
+        Each client draws from its own stream ``sim.generator(rnd, "local_dp", l)``, so chunking and order
+        do not change the noise. ε = ∞ returns ``payload`` itself (the non-private computation, bit for bit).
+        """
+        clients = np.asarray(clients, dtype=np.int64)
+        if payload.shape[0] != len(clients):
+            raise ValueError(f"payload has {payload.shape[0]} rows for {len(clients)} clients")
+        if payload.shape[1] != sim.n:
+            raise ConfigError(f"dp=local_{self.mechanism} calibrates noise to the model update (length {sim.n}), "
+                              f"but scheme={type(sim.scheme).__name__} transmits vectors of length "
+                              f"{payload.shape[1]}; use scheme=ldp_fedavg or fl_std")
+        for l in clients:
+            if self.participations[l] < 1 and self.sizes[l] > 0:
+                raise RuntimeError(f"client {l} takes part in round {rnd} but was planned for T_l = 0 participations")
+            if self.counts[l] >= self.participations[l] and self.sizes[l] > 0 and not self.noiseless:
+                log.warning("client %d takes part more often than the T_l=%d its noise was calibrated for; "
+                            "its composed ε now exceeds the target", l, self.participations[l])
+        self.counts[clients] += (self.sizes[clients] > 0)
+        if self.noiseless:
+            return payload
+        rows = []
+        noise_rows = []
+        for i, l in enumerate(clients):
+            scale = float(self.scales[l])
+            gen = sim.generator(rnd, "local_dp", int(l))
+            draw = laplace_noise if self.mechanism == "laplace" else gaussian_noise
+            noise = draw((payload.shape[1],), scale, gen, device=payload.device, dtype=payload.dtype)
+            rows.append(payload[i] + noise)
+            noise_rows.append(noise)
+        self._diagnose(sim, rnd, clients, torch.stack(noise_rows))
+        return torch.stack(rows)
+
+    def _diagnose(self, sim, rnd: int, clients: np.ndarray, noise: torch.Tensor) -> None:
+        """Per-round measured vs formula variance of the noise item Σ_l a_l·w_l (a_l = the scheme's weights)."""
+        if self._round != rnd:
+            selected = sim.select(rnd)
+            weights = sim.scheme.weights(sim, selected)
+            self._round_weights = {int(c): float(w) for c, w in zip(selected, weights)}
+            self._round, self._item = rnd, torch.zeros(noise.shape[1], dtype=torch.float64, device=noise.device)
+            self._round_formula = aggregated_noise_variance(
+                [float(self.scales[c]) for c in selected], list(weights), self.mechanism)
+            factor = math.sqrt(2) if self.mechanism == "laplace" else 1.0  # Laplace std = √2·b
+            self._round_std = float(np.mean(self.scales[selected])) * factor
+        a = torch.tensor([self._round_weights.get(int(l), 0.0) for l in clients], dtype=torch.float64,
+                         device=noise.device)
+        self._item += a @ noise.double()
+        sim.last_dp_diagnostics = {
+            "ldp_noise_item_var": float(self._item.pow(2).mean()),
+            "ldp_noise_item_var_formula": self._round_formula,
+            "ldp_noise_std_mean": self._round_std,
+        }
+
+    # -- accounting --------------------------------------------------------------------------------
+    def _client_epsilon(self, l: int, accountant: str | None = None) -> float:
+        """Client l's ε composed from its noised participations so far (0 before any)."""
+        k = int(self.counts[l])
+        if k == 0:
+            return 0.0
+        if self.noiseless:
+            return math.inf
+        per = self.sens[l] / self.scales[l]  # Laplace: pure ε of one release; Gaussian: 1 / noise multiplier
+        if self.mechanism == "laplace":
+            return laplace_basic_composition([per] * k)
+        acc = accountant or self.accountant
+        key = (acc, float(self.scales[l] / self.sens[l]), k)
+        if key not in self._eps_cache:
+            self._eps_cache[key] = gaussian_composition_epsilon([key[1]] * k, self.delta, acc)
+        return self._eps_cache[key]
+
+    def _ranked_clients(self) -> np.ndarray:
+        """Clients that took part, ordered by their composed ε (ascending).
+
+        A client's releases all have the same noise, so its ε is an increasing function of k·Δ/b
+        (Laplace: exactly k·ε_i) or k·Δ²/σ² (Gaussian: k releases of noise multiplier s compose to one
+        with s/√k — RDP and PLD alike); ranking by that score avoids an accountant call per client.
+        """
+        active = np.flatnonzero(self.counts > 0)
+        if len(active) == 0 or self.noiseless:
+            return active
+        power = 1 if self.mechanism == "laplace" else 2
+        score = self.counts[active] * (self.sens[active] / self.scales[active]) ** power
+        return active[np.argsort(score, kind="stable")]
+
+    def epsilon(self) -> float:
+        """The worst client's ε composed so far from the noise actually added (basic composition / RDP)."""
+        ranked = self._ranked_clients()
+        return 0.0 if len(ranked) == 0 else self._client_epsilon(int(ranked[-1]))
+
+    def summary(self) -> dict[str, float]:
+        """Mechanism parameters, target ε, the per-client ε composed (max / median over clients that took
+        part; Gaussian: RDP and PLD), the noise scales used and the paper formula's scale."""
+        active = np.flatnonzero(self.counts > 0)
+        planned = np.flatnonzero((self.participations > 0) & (self.sizes > 0))
+        s: dict[str, float] = {
+            "ldp_epsilon_target": self.epsilon_target,
+            "ldp_clip_norm": self.clip_norm, "ldp_lr": self.lr, "ldp_local_iters": float(self.local_iters),
+            "ldp_participations_max": float(self.participations.max()) if len(self.participations) else 0.0,
+            "ldp_participations_min": float(self.participations[planned].min()) if len(planned) else 0.0,
+            "ldp_clients_noised": float(len(active)),
+        }
+        if self.delta is not None and self.mechanism == "gaussian":
+            s["ldp_delta"] = self.delta
+        if len(planned):
+            s["ldp_sensitivity_median"] = float(np.median(self.sens[planned]))
+            s["ldp_scale_median"] = float(np.median(self.scales[planned]))
+            s["ldp_scale_max"] = float(self.scales[planned].max())
+            s["ldp_scale_min"] = float(self.scales[planned].min())
+            s["ldp_scale_formula_median"] = float(np.median([self._paper_scale(l) for l in planned]))
+        accountants = ("basic",) if self.mechanism == "laplace" else ("rdp", "pld")
+        ranked = self._ranked_clients()
+        for acc in accountants:
+            name = "ldp_epsilon" if acc == "basic" else f"ldp_epsilon_{acc}"
+            if len(ranked) == 0:
+                s[f"{name}_max"] = s[f"{name}_median"] = 0.0
+                continue
+            eps_of = lambda i: self._client_epsilon(int(ranked[i]), None if acc == "basic" else acc)  # noqa: E731
+            m = len(ranked)
+            s[f"{name}_max"] = eps_of(m - 1)
+            s[f"{name}_median"] = eps_of(m // 2) if m % 2 else 0.5 * (eps_of(m // 2 - 1) + eps_of(m // 2))
+        return s
+
+    def _paper_scale(self, l: int) -> float:
+        """Paper 001's formula (per-sample, non-expansive sensitivity, classic Gaussian) for client l."""
+        t, n = int(self.participations[l]), int(self.sizes[l])
+        if self.mechanism == "laplace":
+            return laplace_scale(self.clip_norm, self.lr, self.local_iters, t, n, self.epsilon_target)
+        return gaussian_std(self.clip_norm, self.lr, self.local_iters, t, n, self.epsilon_target, self.delta)
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def _fingerprint(self) -> dict[str, Any]:
+        return {"mechanism": self.mechanism, "epsilon": self.epsilon_target, "delta": self.delta,
+                "participations": self.participations.tolist(), "sizes": self.sizes.tolist()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able: the settings the scales came from and each client's noised participations."""
+        return {**self._fingerprint(), "counts": self.counts.tolist()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = self._fingerprint()
+        for key, value in mine.items():
+            if state.get(key) != value:
+                raise ValueError(f"local-DP state has {key}={state.get(key)!r}, this run has {value!r}")
+        counts = np.asarray(state["counts"], dtype=np.int64)
+        if counts.shape != self.counts.shape:
+            raise ValueError(f"local-DP state has {counts.size} clients, this run has {self.counts.size}")
+        self.counts = counts.copy()
+        self._round = None
+
+
+# ---------------------------------------------------------------------------------------------- build
+def _participations(sampler, rounds: int, seed: int, mode: str) -> np.ndarray:
+    if isinstance(sampler, RoundRobinSampler):
+        return sampler.participations(rounds, seed)
+    if isinstance(sampler, AllSampler):
+        return np.full(sampler.num_clients, int(rounds), dtype=np.int64)
+    name = _SAMPLER_NAMES.get(type(sampler).__name__, type(sampler).__name__)
+    raise ConfigError(f"dp={mode} needs each client's participation count T_l in advance; sampler={name} "
+                      f"does not fix it; allowed: {ALLOWED_SAMPLERS}")
+
+
+def make_local_dp(c: dict, mode: str, sampler, parts: list[np.ndarray], spec: LocalSpec) -> LocalDP:
+    """The local-DP object for ``dp=local_laplace|local_gaussian`` from the resolved config (one-line errors)."""
+    mechanism = mode.removeprefix("local_")
+    if mechanism not in MECHANISMS:
+        raise ConfigError(f"dp={mode} is not a local-DP mode; use local_laplace or local_gaussian")
+    if spec.clip_norm is None:
+        raise ConfigError(f"dp={mode} needs local_clip=ζ (the per-iteration gradient clip that bounds the "
+                          f"sensitivity; paper 001 uses 150 for Lending Club, 3 for FEMNIST)")
+    if spec.mode != "gd":
+        raise ConfigError(f"dp={mode} needs local_mode=gd (E = local_steps full-batch gradient steps, paper 001's "
+                          f"Alg. 1); got local_mode={spec.mode}")
+    if mechanism == "laplace" and spec.clip_ord != 1:
+        raise ConfigError(f"dp=local_laplace needs local_clip_ord=1: the Laplace mechanism's sensitivity is an L1 "
+                          f"bound (got local_clip_ord={spec.clip_ord}; an L2 clip ζ bounds the L1 norm only by √p·ζ)")
+    if spec.clip_mode == "batch":
+        log.warning("dp=%s with local_clip_mode=batch: the sensitivity is 2ζηE (no 1/n_l), n_l times the noise of "
+                    "local_clip_mode=per_sample, which paper 001's scales assume", mode)
+    eps = c.get("epsilon")
+    if eps is None:
+        raise ConfigError(f"dp={mode} needs epsilon=ε, the per-client budget over the whole run (.inf = no noise)")
+    if c.get("noise_multiplier") is not None:
+        raise ConfigError(f"noise_multiplier={c['noise_multiplier']} is for dp=true; dp={mode} derives its noise "
+                          f"from epsilon (give noise_multiplier=null)")
+    calibration = c.get("local_dp_calibration", "classic")
+    if calibration not in CALIBRATIONS:
+        raise ConfigError(f"local_dp_calibration={calibration!r} is not allowed; use {' or '.join(CALIBRATIONS)}")
+    sens = c.get("local_dp_sensitivity", "paper")
+    if sens not in SENSITIVITIES:
+        raise ConfigError(f"local_dp_sensitivity={sens!r} is not allowed; use {' or '.join(SENSITIVITIES)}")
+    participations = _participations(sampler, int(c["rounds"]), int(c["seed"]), mode)
+    sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    try:
+        return LocalDP(mechanism, float(eps), float(spec.clip_norm), float(spec.lr), int(spec.steps),
+                       participations, sizes, delta=float(c["delta"]), clip_mode=spec.clip_mode,
+                       nonexpansive=sens == "paper", calibration=calibration, accountant=c.get("accountant", "rdp"))
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"dp={mode}: {exc}") from None
