@@ -104,20 +104,18 @@ def client_updates(
 
 
 # -- measurement helpers -------------------------------------------------------------------------------
-def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
-    """Median wall time in seconds of ``fn()`` over ``repeat`` runs after one warm-up run (``repeat=0``: the
-    single run itself is timed), and its result."""
-    if repeat == 0:
-        start = time.perf_counter()
+def timed(fn: Callable[[], object], repeat: int) -> tuple[tuple[float, float], object]:
+    """Median (wall, CPU) seconds of ``fn()`` over ``repeat`` runs after one warm-up run (``repeat=0``: the
+    single run itself is timed), and its result. CPU time (``time.process_time``) is what the wall time would
+    be on an idle machine when torch runs one thread; on a loaded shared machine the wall time is inflated."""
+    out = fn() if repeat else None
+    walls, cpus = [], []
+    for _ in range(max(1, repeat)):
+        wall, cpu = time.perf_counter(), time.process_time()
         out = fn()
-        return time.perf_counter() - start, out
-    out = fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return (statistics.median(walls), statistics.median(cpus)), out
 
 
 def quality(s: torch.Tensor, x: torch.Tensor) -> tuple[float, float]:
@@ -136,18 +134,19 @@ def best_m_term(x: torch.Tensor, m: int) -> torch.Tensor:
 
 # -- the benchmark ---------------------------------------------------------------------------------------
 def bench_model(name: str, updates: torch.Tensor, args: argparse.Namespace) -> list[list[str]]:
-    """Rows ``[model, n, P, operator, decoder, compress ms, decode ms, round ms, rel_err, cos, iters]``."""
+    """Rows ``[model, n, P, operator, decoder, compress ms, decode ms, round ms, round CPU ms, rel_err, cos, iters]``."""
     clients, n = updates.shape
     x = updates.mean(0)
     rows: list[list[str]] = []
 
-    def row(chunks: int | str, operator: str, decoder: str, t_comp: float | None, t_dec: float | None,
-            s: torch.Tensor | None, it: int | str = "") -> None:
+    def row(chunks: int | str, operator: str, decoder: str, t_comp: tuple[float, float] | None,
+            t_dec: tuple[float, float] | None, s: torch.Tensor | None, it: int | str = "") -> None:
         ms = lambda t: "" if t is None else f"{t * 1e3:,.1f}"  # noqa: E731
-        total = None if t_comp is None or t_dec is None else t_comp + t_dec
+        wall = None if t_comp is None or t_dec is None else t_comp[0] + t_dec[0]
+        cpu = None if t_comp is None or t_dec is None else t_comp[1] + t_dec[1]
         rel, cos = quality(s, x) if s is not None else ("", "")
-        rows.append([name, f"{n:,}", str(chunks), operator, decoder, ms(t_comp), ms(t_dec), ms(total),
-                     rel if rel == "" else f"{rel:.3f}", cos if cos == "" else f"{cos:.3f}", str(it)])
+        rows.append([name, f"{n:,}", str(chunks), operator, decoder, ms(t_comp and t_comp[0]), ms(t_dec and t_dec[0]),
+                     ms(wall), ms(cpu), rel if rel == "" else f"{rel:.3f}", cos if cos == "" else f"{cos:.3f}", str(it)])
 
     m = DCTCompressor(n, args.r).m
     row("", "", f"oracle: best {m}-term approximation of x", None, None, best_m_term(x, m))
@@ -251,8 +250,9 @@ def main() -> None:
         print(markdown(["model", "r", "layout", "lam_rel", "rel_err", "cos", "iters"], rows))
     else:
         print(f"r = {args.r}, lam_rel = {args.lam_rel}, max_iter = {args.max_iter}, tol = {args.tol}. compress = K clients "
-              f"compress [K, n] -> [K, m] + server mean; round = compress + decode; ms = median wall time.\n")
-        print(markdown(["model", "n", "P", "operator", "decoder", "compress ms", "decode ms", "round ms", "rel_err", "cos", "iters"], rows))
+              f"compress [K, n] -> [K, m] + server mean; round = compress + decode; ms = median wall time, CPU ms = process time.\n")
+        print(markdown(["model", "n", "P", "operator", "decoder", "compress ms", "decode ms", "round ms", "round CPU ms",
+                        "rel_err", "cos", "iters"], rows))
 
 
 if __name__ == "__main__":
