@@ -1,0 +1,83 @@
+"""Paper 002's schemes end to end on MNIST / LeNet-5 through run(cfg), configs composed as the CLI does."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from fedrun.config import ConfigError
+from fedrun.run import run
+from fedrun.tracking import MlflowTracker
+
+N = 61_706  # LeNet-5 parameters
+K_OF_N = ["sampler=uniform", "num_clients=10", "clients_per_round=5", "eval_every=2"]  # evaluate once
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("overrides,up,down", [
+    # per round: K = 5 participants of N = 10; t = 2, k = 50, m = 50 (= k)
+    (["scheme=fedsketch", "scheme.unsketch=privix"], 5 * 4 * 100, 10 * 4 * 100),
+    (["scheme=fedsketch", "scheme.unsketch=heaprix"], 5 * 4 * 150, 10 * 4 * 150),
+    (["scheme=fedsketchgate", "scheme.unsketch=heaprix", "sampler=all"], 10 * 4 * 150, 10 * 4 * 150),
+    (["scheme=sketchedsgd", "local_steps=1"], 5 * 4 * 150, 5 * 4 * 50 + 10 * 8 * 50),
+    (["scheme=fedsgd", "local_steps=1"], 5 * 4 * N, 5 * 4 * N),
+])
+def test_every_scheme_runs_on_mnist_and_logs_exact_bytes(fast_cfg, tmp_path, overrides, up, down):
+    size = [] if overrides[0] == "scheme=fedsgd" else ["scheme.rows=2", "scheme.cols=50"]
+    summary = run(fast_cfg("dataset=mnist", "model=lenet5", *K_OF_N, *size, *overrides), out_dir=tmp_path)
+    assert summary["rounds_completed"] == 2 and 0 <= summary["best_test_accuracy"] <= 1
+    rows = _rows(tmp_path / "metrics.csv")
+    assert [float(r["uplink_bytes"]) for r in rows] == [up, up]
+    assert [float(r["downlink_bytes"]) for r in rows] == [down, down]
+    assert summary["uplink_bytes_final"] == 2 * up
+
+
+def test_mlflow_has_bytes_accuracy_and_the_theorem_1_epsilon(fast_cfg, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # a 1×2 sketch satisfies Theorem 1's condition at l = 61,706 with the default C/σ = 4.93
+    valid = MlflowTracker(uri, "fedsketch-test")
+    run(fast_cfg("dataset=mnist", "model=lenet5", *K_OF_N, "scheme=fedsketch", "scheme.rows=1", "scheme.cols=2"),
+        tracker=valid, out_dir=tmp_path / "a")
+    invalid = MlflowTracker(uri, "fedsketch-test")
+    run(fast_cfg("dataset=mnist", "model=lenet5", *K_OF_N, "scheme=fedsketch", "scheme.rows=20", "scheme.cols=40"),
+        tracker=invalid, out_dir=tmp_path / "b")
+    client = MlflowClient(tracking_uri=uri)
+    a, b = client.get_run(valid.run_id), client.get_run(invalid.run_id)
+    assert a.data.tags["scheme"] == "fedsketch" and a.data.tags["sketch_epsilon_status"] == "valid"
+    assert "Assumption 1" in a.data.tags["sketch_epsilon_assumption"]
+    assert a.data.metrics["sketch_epsilon"] > 0
+    assert b.data.tags["sketch_epsilon_status"].startswith("not available: Theorem 1 condition violated")
+    assert "sketch_epsilon" not in b.data.metrics
+    for name in ("uplink_bytes", "downlink_bytes", "uplink_bytes_total", "train_loss"):
+        assert len(client.get_metric_history(b.info.run_id, name)) == 2, name
+    assert len(client.get_metric_history(b.info.run_id, "test_accuracy")) == 1  # eval_every=2
+
+
+def test_client_level_dp_on_the_sketch(fast_cfg, tmp_path):
+    summary = run(fast_cfg("dataset=mnist", "model=lenet5", "eval_every=2", "scheme=fedsketch", "scheme.unsketch=heaprix",
+                           "scheme.heavy_values=sketch", "scheme.num_heavy=20", "dp=true", "noise_multiplier=1.0",
+                           "clipping_norm=0.5"), out_dir=tmp_path)
+    assert summary["epsilon_final"] > 0 and summary["dp_noise_multiplier"] == 1.0
+    assert "dp_clipped_fraction" in _rows(tmp_path / "metrics.csv")[0]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["scheme=fedsketch", "scheme.unsketch=median"], "scheme.unsketch='median' is unknown; allowed: privix, heaprix"),
+    (["scheme=fedsketch", "scheme.rows=0"], "scheme.rows=0; allowed: an integer >= 1"),
+    (["scheme=fedsketch", "scheme.cols=0"], "scheme.cols=0; allowed: an integer >= 1"),
+    (["scheme=fedsketch", "scheme.rows=100", "scheme.cols=1000"], "sketch would be bigger than the model"),
+    (["scheme=fedsketchgate"], "needs full participation"),
+    (["scheme=fedsgd"], "allowed: local_steps=1"),
+    (["scheme=fedsketch", "scheme.unsketch=heaprix", "dp=true", "noise_multiplier=1"], "second exchange"),
+])
+def test_bad_values_are_config_errors(fast_cfg, tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=None) as err:
+        run(fast_cfg("dataset=mnist", "model=lenet5", *overrides), out_dir=tmp_path)
+    assert message in str(err.value) and "\n" not in str(err.value)
