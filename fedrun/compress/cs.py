@@ -80,6 +80,9 @@ class DCTCompressor:
         self.chunk_len = scipy.fft.next_fast_len(self.chunk_n[0], real=True) if fast else self.chunk_n[0]  # c
         self._order = shared_permutation(n, seed, self.device) if self.shuffle else torch.arange(n, device=self.device)
         self._src, self._dst = self._layout()
+        self._pad = None  # [P, c] True on pad slots, when there are any
+        if self.chunks * self.chunk_len > n:
+            self._pad = torch.arange(self.chunk_len, device=self.device) >= torch.tensor(self.chunk_n, device=self.device)[:, None]
         self._keep = None  # [P, max m_p] mask of the transmitted coefficients, when the m_p differ
         if len(set(self.chunk_m)) > 1:
             self._keep = torch.arange(self.chunk_m[0], device=self.device) < torch.tensor(self.chunk_m, device=self.device)[:, None]
@@ -107,18 +110,30 @@ class DCTCompressor:
     def compress(self, x: torch.Tensor) -> torch.Tensor:
         """``C(x, m) = Φx``: ``x[..., n] -> [..., m]`` (batched over clients; paper 000, Eq. (3))."""
         _check_last_dim(x, self.n, "x")
-        coefs = dct(self._to_chunks(x), self.chunk_m[0])  # [..., P, max m_p]
-        return coefs.flatten(-2) if self._keep is None else coefs[..., self._keep]
+        return self._chunk_forward(self._to_chunks(x))
 
     def adjoint(self, y: torch.Tensor) -> torch.Tensor:
         """``Φᵀy``: ``y[..., m] -> [..., n]``, zero-filled inverse DCT of every chunk, unshuffled."""
         _check_last_dim(y, self.m, "y")
+        return self._from_chunks(idct(self._unpack(y), self.chunk_len))
+
+    def _chunk_forward(self, z: torch.Tensor) -> torch.Tensor:
+        """Φ in the chunk domain: ``z[..., P, c] -> [..., m]`` (first m_p DCT coefficients of each chunk)."""
+        coefs = dct(z, self.chunk_m[0])  # [..., P, max m_p]
+        return coefs.flatten(-2) if self._keep is None else coefs[..., self._keep]
+
+    def _chunk_adjoint(self, y: torch.Tensor) -> torch.Tensor:
+        """Φᵀ in the chunk domain, zero on the pad slots (so pads never become variables)."""
+        z = idct(self._unpack(y), self.chunk_len)
+        return z if self._pad is None else z.masked_fill(self._pad, 0.0)
+
+    def _unpack(self, y: torch.Tensor) -> torch.Tensor:
+        """``y[..., m] -> [..., P, max m_p]``, zeros where a chunk has fewer coefficients."""
         if self._keep is None:
-            coefs = y.unflatten(-1, (self.chunks, self.chunk_m[0]))
-        else:
-            coefs = y.new_zeros(*y.shape[:-1], *self._keep.shape)
-            coefs[..., self._keep] = y
-        return self._from_chunks(idct(coefs, self.chunk_len))
+            return y.unflatten(-1, (self.chunks, self.chunk_m[0]))
+        coefs = y.new_zeros(*y.shape[:-1], *self._keep.shape)
+        coefs[..., self._keep] = y
+        return coefs
 
     def zero_fill(self, y: torch.Tensor) -> torch.Tensor:
         """FL-FREQ's decoder: the zero-filled inverse DCT, i.e. ``Φᵀy`` (:meth:`adjoint`)."""
@@ -187,8 +202,12 @@ class DCTCompressor:
         if lam_rel >= 1.0 or lam_max == 0.0:  # λ >= λ_max: s = 0 is the solution
             return BPDNSolution(y.new_zeros(self.n), 0)
         lam = lam_rel * lam_max
-        if solver == "fista" or self.chunks == 1:
-            return bpdn(self.compress, self.adjoint, y, lam, solver, warm_start, max_iter, tol)
+        if solver == "fista":  # all chunks at once, iterating on z[P, c]: no gathers inside the loop
+            x0 = None if warm_start is None else self._to_chunks(warm_start)
+            sol = bpdn(self._chunk_forward, self._chunk_adjoint, y, lam, "fista", x0, max_iter, tol)
+            return BPDNSolution(self._from_chunks(sol.s), sol.iterations)
+        if self.chunks == 1:
+            return bpdn(self.compress, self.adjoint, y, lam, "owlqn", warm_start, max_iter, tol)
         return self._owlqn_by_chunk(y, lam, warm_start, max_iter, tol)
 
     def _owlqn_by_chunk(
