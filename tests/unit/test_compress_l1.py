@@ -137,7 +137,7 @@ def test_warm_start_from_the_solution_stops_at_once(spikes: torch.Tensor) -> Non
     assert rel_err(warm.s, cold.s) < 1e-5
 
 
-def test_fista_keeps_dtype_and_device(spikes: torch.Tensor) -> None:
+def test_solvers_keep_dtype_and_device(spikes: torch.Tensor) -> None:
     y = forward(spikes.float())
     for solver in ("fista", "owlqn"):
         s = bpdn(forward, adjoint, y, 0.01 * lambda_max(adjoint, y), solver, max_iter=50).s
