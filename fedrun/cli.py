@@ -32,6 +32,15 @@ def _tracker(cfg: DictConfig):
     return MlflowTracker(cfg.tracking.get("uri"), cfg.tracking.experiment, parent_run_id=parent, sweep=sweep)
 
 
+def _overrides() -> str:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return " ".join(o for o in HydraConfig.get().overrides.task if not o.startswith("resume="))
+    except ValueError:
+        return ""
+
+
 def _multirun() -> bool:
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -58,7 +67,7 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 def main(cfg: DictConfig) -> float | None:
     from fedrun.config import ConfigError
     from fedrun.data.dataset import DataIntegrityError, DataNotFoundError
-    from fedrun.run import RunDiverged, run
+    from fedrun.run import RunDiverged, RunInterrupted, run
 
     try:
         tracker = _tracker(cfg)
@@ -71,6 +80,10 @@ def main(cfg: DictConfig) -> float | None:
         if _multirun():  # let the sweep go on with its other jobs
             return None
         sys.exit(1)
+    except RunInterrupted as exc:
+        print(f"fedrun: interrupted after round {exc.round}; the run is saved in {exc.out_dir}.\n"
+              f"fedrun: resume it with: fedrun {_overrides()} resume=true", file=sys.stderr)
+        sys.exit(130)
     lines = [f"  {k}: {v:.6g}" for k, v in summary.items()]
     print("fedrun: done\n" + "\n".join(lines))
     if getattr(tracker, "run_id", None):

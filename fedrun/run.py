@@ -241,24 +241,27 @@ class Progress:
 
 # ------------------------------------------------------------------------------------------ the loop
 class MetricsCSV:
-    """Per-round metrics appended (and flushed) as they come, so an interrupted run keeps them."""
+    """Per-round metrics written as they are flushed, so an interrupted run keeps them."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.columns: list[str] | None = None
         self.rows: list[dict[str, float]] = []
 
     def append(self, rnd: int, metrics: dict[str, float]) -> None:
-        row = {"round": rnd, **metrics}
-        self.rows.append(row)
-        if self.columns is None:
-            self.columns = list(row)
-        else:
-            self.columns += [k for k in row if k not in self.columns]
-        with self.path.open("w", newline="") as f:  # rewrite: columns may grow (evaluation rounds)
-            w = csv.DictWriter(f, fieldnames=self.columns)
+        self.rows.append({"round": rnd, **metrics})
+        self.write()
+
+    def write(self) -> None:
+        """Rewrite the file (columns may grow: evaluation rounds add some) through a temp file + rename."""
+        columns: list[str] = []
+        for row in self.rows:
+            columns += [k for k in row if k not in columns]
+        tmp = self.path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=columns)
             w.writeheader()
             w.writerows(self.rows)
+        tmp.replace(self.path)
 
 
 def plot_curve(rows: list[dict[str, float]], key: str, path: Path, title: str) -> None:
@@ -281,20 +284,61 @@ def plot_curve(rows: list[dict[str, float]], key: str, path: Path, title: str) -
     plt.close(fig)
 
 
-def run_rounds(built: Built, c: dict, tracker, out_dir: Path) -> dict[str, float]:
-    """Drive the rounds of a built simulation; returns the summary metrics."""
+@dataclass
+class LoopState:
+    """Bookkeeping of the round loop (checkpointed with the simulation's state)."""
+
+    rows: list[dict[str, float]] = field(default_factory=list)
+    best: dict[str, float] = field(default_factory=dict)
+    best_val: float | None = None
+    since_best: int = 0
+    stopped: int | None = None
+    round: int = 0
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C / SIGTERM: the run stopped after a completed round and saved a checkpoint."""
+
+    def __init__(self, rnd: int, out_dir: Path) -> None:
+        super().__init__(f"interrupted after round {rnd}; checkpoint in {out_dir}")
+        self.round, self.out_dir = rnd, out_dir
+
+
+def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | None = None,
+               stop: "StopFlag | None" = None) -> dict[str, float]:
+    """Drive the rounds of a built simulation (from ``loop.round + 1`` when resuming); returns the summary.
+
+    Metrics reach the tracker and ``metrics.csv`` at every checkpoint (every ``checkpoint_every`` rounds;
+    every round when checkpoints are off), metrics first, then the checkpoint. A resumed run recomputes
+    the rounds after its checkpoint and logs only those the tracker does not have yet, so the tracker
+    ends with every round exactly once.
+    """
+    from fedrun.checkpoint import save_checkpoint
+
     sim, rounds = built.sim, int(c["rounds"])
     task = built.info["task"]
     key = "test_accuracy" if task == "classification" else "test_mse"
     better = (lambda a, b: a > b) if task == "classification" else (lambda a, b: a < b)
     r = sim.scheme.compression_ratio(sim)
     fraction = sim.sampler.fraction
+    loop = loop or LoopState()
+    every = int(c.get("checkpoint_every", 0) or 0)
+    logged_up_to = tracker.last_step("uplink_bytes_total") if loop.round else 0
     csv_log = MetricsCSV(out_dir / "metrics.csv")
-    progress = Progress(rounds, c["progress"])
-    best: dict[str, float] = {}
-    best_val, since_best, stopped = None, 0, None
+    csv_log.rows = list(loop.rows)
+    pending: list[dict[str, float]] = []
+    progress = Progress(rounds, c["progress"], start=loop.round)
+
+    def flush() -> None:
+        for row in pending:
+            if row["round"] > logged_up_to:
+                tracker.log_metrics({k: v for k, v in row.items() if k != "round"}, step=int(row["round"]))
+        if pending:
+            csv_log.write()
+        pending.clear()
+
     try:
-        for rnd in range(1, rounds + 1):
+        for rnd in range(loop.round + 1, rounds + 1):
             t0 = time.perf_counter()
             clients = sim.select(rnd)
             sim.ledger.start_round()
@@ -309,41 +353,55 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path) -> dict[str, float
             if eps is not None:
                 metrics["epsilon"] = eps
                 metrics.update(sim.last_dp_diagnostics)
-            if not torch.isfinite(sim.params).all():
-                raise RunDiverged(f"the run diverged at round {rnd}: the global model has NaN/inf parameters "
-                                  f"(metrics up to round {rnd - 1} are kept); try a smaller lr or more noise-robust "
-                                  f"settings")
+            if not torch.isfinite(sim.params).all() or not math.isfinite(metrics.get("train_loss", 0.0)):
+                raise RunDiverged(f"the run diverged at round {rnd}: NaN/inf in the global model or the training "
+                                  f"loss (metrics up to round {rnd - 1} are kept); try a smaller lr")
             metrics["round_seconds"] = time.perf_counter() - t0
             evaluated = rnd % int(c["eval_every"]) == 0 or rnd == rounds
             if evaluated:
                 ev = sim.evaluate("test")
                 metrics["test_loss"] = ev["loss"]
                 metrics[key] = ev["accuracy"] if task == "classification" else ev["mse"]
-                if not best or better(metrics[key], best["value"]):
-                    best = {"value": metrics[key], "round": rnd, "cost": metrics["cost_bits"],
-                            "uplink": metrics["uplink_bytes_total"], "epsilon": metrics.get("epsilon", math.nan)}
+                if not loop.best or better(metrics[key], loop.best["value"]):
+                    loop.best = {"value": metrics[key], "round": rnd, "cost": metrics["cost_bits"],
+                                 "uplink": metrics["uplink_bytes_total"],
+                                 "epsilon": metrics.get("epsilon", math.nan)}
             if evaluated and c["patience"] > 0:
                 ev = sim.evaluate("validation")
                 val = ev["accuracy"] if task == "classification" else ev["mse"]
                 metrics["val_" + key.removeprefix("test_")] = val
-                if best_val is None or better(val, best_val):
-                    best_val, since_best = val, 0
+                if loop.best_val is None or better(val, loop.best_val):
+                    loop.best_val, loop.since_best = val, 0
                 else:
-                    since_best += 1
-            tracker.log_metrics(metrics, step=rnd)
-            csv_log.append(rnd, metrics)
+                    loop.since_best += 1
+            row = {"round": rnd, **metrics}
+            loop.rows.append(row)
+            csv_log.rows.append(row)
+            pending.append(row)
+            loop.round = rnd
             progress.update(rnd, rounds, metrics)
-            if c["patience"] > 0 and since_best >= int(c["patience"]):
-                stopped = rnd
+            early = c["patience"] > 0 and loop.since_best >= int(c["patience"])
+            if early:
+                loop.stopped = rnd
                 log.info("early stopping at round %d: no improvement on the held-out split for %d evaluations",
-                         rnd, since_best)
+                         rnd, loop.since_best)
+            interrupted = stop is not None and stop.requested
+            if every == 0 or rnd % every == 0 or rnd == rounds or early or interrupted:
+                flush()
+                if every > 0:
+                    save_checkpoint(out_dir, built, c, loop, tracker.run_id, finished=rnd == rounds or early)
+            if interrupted:
+                raise RunInterrupted(rnd, out_dir)
+            if early:
                 break
     finally:
+        flush()
         progress.close()
         if csv_log.rows:
             plot_curve(csv_log.rows, key, out_dir / f"{key}.png",
                        f"{built.names['scheme']} on {built.names['dataset']} ({built.names['model']})")
-    last = csv_log.rows[-1]
+    last = loop.rows[-1]
+    best = loop.best
     summary = {f"best_{key}": best["value"], "best_round": float(best["round"]),
                "cost_bits_at_best": best["cost"], "uplink_bytes_at_best": best["uplink"],
                "rounds_completed": float(last["round"]),
@@ -351,30 +409,52 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path) -> dict[str, float
     if "epsilon" in last:
         summary["epsilon_final"] = last["epsilon"]
         summary["epsilon_at_best"] = best["epsilon"]
-    if stopped is not None:
-        summary["stopped_round"] = float(stopped)
+    if loop.stopped is not None:
+        summary["stopped_round"] = float(loop.stopped)
     return summary
 
 
 def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None) -> dict[str, float]:
-    """Run one experiment from a (Hydra) config; returns the summary metrics."""
+    """Run one experiment from a (Hydra) config; returns the summary metrics.
+
+    With ``resume`` set, the run continues from its checkpoint in its original folder and MLflow run.
+    Raises :class:`RunInterrupted` (after saving a checkpoint) on Ctrl-C / SIGTERM and
+    :class:`RunDiverged` on NaN/inf; the tracker's run is then marked KILLED / FAILED.
+    """
+    from fedrun.checkpoint import StopFlag, find_checkpoint, load_into
     from fedrun.tracking import NullTracker, flatten, git_commit
 
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     out = Path(out_dir) if out_dir is not None else Path.cwd()
+    tracker = tracker or NullTracker()
+    ckpt_path = None
+    if c.get("resume") not in (None, False, "false", "False"):
+        roots = [Path.cwd() / "outputs", Path.cwd() / "multirun", out.parent.parent]
+        ckpt_path = find_checkpoint(c["resume"], c, roots, c.get("tracking", {}).get("uri"))
+        out = ckpt_path.parent
     out.mkdir(parents=True, exist_ok=True)
     built = build(c)
-    tracker = tracker or NullTracker()
+    loop = LoopState()
+    run_id = None
+    if ckpt_path is not None:
+        run_id = load_into(ckpt_path, built, loop)["run_id"]
+        log.info("resuming %s after round %d", out, loop.round)
     names = built.names
     tags = {"scheme": names["scheme"], "dataset": names["dataset"], "model": names["model"],
             "partition": names["partition"], "dp": names["dp"], "git_commit": git_commit(),
             "fedrun.num_parameters": str(built.sim.n)}
     tags.update(built.sim.scheme.tags(built.sim))
-    params = flatten({k: v for k, v in c.items() if k != "hydra"})
+    params = flatten({k: v for k, v in c.items() if k not in ("hydra", "resume")})
     run_name = c.get("tracking", {}).get("run_name") or f"{names['scheme']}-{names['dataset']}"
-    tracker.start(params, tags, run_name=run_name)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(c)))
-    tracker.log_metrics({f"partition_{k}": float(v) for k, v in built.partition_stats.items()}, step=0)
+    tracker.start(params, tags, run_name=run_name, run_id=run_id)
+    if ckpt_path is None:
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(c)))
+        tracker.log_metrics({f"partition_{k}": float(v) for k, v in built.partition_stats.items()}, step=0)
+        if int(c.get("checkpoint_every", 0) or 0) > 0:
+            from fedrun.checkpoint import CHECKPOINT
+
+            tracker.set_tags({"fedrun.checkpoint": str((out / CHECKPOINT).resolve()),
+                              "fedrun.run_dir": str(out.resolve())})
     if built.sim.client_dp is not None:
         dp = built.sim.client_dp
         tracker.set_tags({"dp.mechanism": "poisson_subsampled_gaussian", "dp.noise_multiplier": f"{dp.noise_multiplier:.6g}",
@@ -383,7 +463,8 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     log.info("%s: %s | %s", names["scheme"], tracker.where, "outputs in " + str(out))
     status = "FAILED"
     try:
-        summary = run_rounds(built, c, tracker, out)
+        with StopFlag() as stop:
+            summary = run_rounds(built, c, tracker, out, loop, stop)
         if built.sim.accountant is not None:
             acct = built.sim.accountant.summary()
             dp = built.sim.client_dp

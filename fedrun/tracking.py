@@ -67,6 +67,9 @@ class NullTracker:
     def log_artifact(self, path: Path) -> None:
         pass
 
+    def last_step(self, metric: str) -> int:
+        return 0
+
     def set_tags(self, tags: dict[str, str]) -> None:
         pass
 
@@ -149,6 +152,11 @@ class MlflowTracker:
 
     def log_artifact(self, path: Path) -> None:
         self.client.log_artifact(self.run_id, str(path))
+
+    def last_step(self, metric: str) -> int:
+        """Highest step logged for ``metric`` (0 if none): where a resumed run's logging continues."""
+        history = self.client.get_metric_history(self.run_id, metric)
+        return max((m.step for m in history), default=0)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag

@@ -1,0 +1,114 @@
+"""Checkpoint / resume / interruption / divergence, through the real `fedrun` command."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+FEDRUN = [sys.executable, "-m", "fedrun.cli"]
+ARGS = ["dataset=mnist", "model=lenet5", "rounds=8", "num_clients=10", "sample_rate=0.5", "local_steps=2",
+        "progress=log", "checkpoint_every=1"]
+
+
+def _env(shared_data):
+    return {**os.environ, "FEDRUN_DATA": str(shared_data), "MLFLOW_TRACKING_URI": "", "PYTHONWARNINGS": "ignore"}
+
+
+def _rows(run_dir: Path):
+    with open(run_dir / "metrics.csv") as f:
+        return [{k: v for k, v in r.items() if k != "round_seconds"} for r in csv.DictReader(f)]
+
+
+def _run_dirs(cwd: Path):
+    return sorted(p.parent for p in (cwd / "outputs").rglob("metrics.csv"))
+
+
+def _start(cwd, shared_data, extra=()):
+    return subprocess.Popen(FEDRUN + ARGS + list(extra), cwd=cwd, env=_env(shared_data),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_rounds(cwd: Path, n: int, proc, timeout=300):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        dirs = _run_dirs(cwd)
+        if dirs and len(_rows(dirs[0])) >= n and (dirs[0] / "checkpoint.json").exists():
+            return dirs[0]
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise TimeoutError
+
+
+def _history(cwd: Path, metric: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("fedrun").experiment_id])
+    assert len(runs) == 1
+    return runs[0], sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, metric))
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path, shared_data):
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    p = subprocess.run(FEDRUN + ARGS, cwd=ref, env=_env(shared_data), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    expected = _rows(_run_dirs(ref)[0])
+
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = _start(work, shared_data)
+    run_dir = _wait_rounds(work, 3, proc)
+    proc.kill()  # SIGKILL: no chance to clean up
+    proc.wait()
+    assert len(_rows(run_dir)) < 8
+    p = subprocess.run(FEDRUN + ARGS + ["resume=true"], cwd=work, env=_env(shared_data), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "resuming" in p.stdout + p.stderr
+    assert _rows(run_dir) == expected  # same folder, every round once, same values
+    run, steps = _history(work, "test_accuracy")
+    assert steps == list(range(1, 9))  # no duplicated or missing step in the same MLflow run
+    assert run.info.status == "FINISHED"
+
+
+def test_sigterm_saves_marks_killed_and_says_how_to_resume(tmp_path, shared_data):
+    proc = _start(tmp_path, shared_data)
+    _wait_rounds(tmp_path, 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "resume=true" in err and "Traceback" not in err
+    run, steps = _history(tmp_path, "uplink_bytes_total")
+    assert run.info.status == "KILLED"
+    done = steps[-1]
+    assert steps == list(range(1, done + 1))
+    p = subprocess.run(FEDRUN + ARGS + ["resume=true"], cwd=tmp_path, env=_env(shared_data), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    run, steps = _history(tmp_path, "uplink_bytes_total")
+    assert run.info.status == "FINISHED" and steps == list(range(1, 9))
+    again = subprocess.run(FEDRUN + ARGS + ["resume=true"], cwd=tmp_path, env=_env(shared_data),
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 2 and "already finished" in again.stderr
+
+
+def test_divergence_stops_keeps_metrics_and_marks_failed(tmp_path, shared_data):
+    p = subprocess.run(FEDRUN + ["dataset=lending_club", "local_mode=gd", "lr=5", "rounds=20", "sampler=all",
+                                 "progress=log"], cwd=tmp_path, env=_env(shared_data), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 1 and "diverged" in p.stderr and "Traceback" not in p.stderr
+    run, steps = _history(tmp_path, "uplink_bytes_total")
+    assert run.info.status == "FAILED" and "diverged" in run.data.tags["fedrun.failure_reason"]
+    assert steps and steps == list(range(1, len(steps) + 1)) and len(steps) < 20
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path, shared_data):
+    p = subprocess.run(FEDRUN + ARGS + ["resume=true", "tracking=none"], cwd=tmp_path, env=_env(shared_data),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2 and "no unfinished checkpoint of this configuration" in p.stderr
