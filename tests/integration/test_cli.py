@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 FEDRUN = [sys.executable, "-m", "fedrun.cli"]
-FAST = ["rounds=2", "num_clients=10", "sample_rate=0.5", "local_steps=2", "progress=log"]
+FAST = ["scheme=fl_std", "dp=false", "r=1.0", "rounds=2", "num_clients=10", "sample_rate=0.5", "local_steps=2",
+        "progress=log"]
 
 
 def fedrun(args, cwd, env_extra=None, timeout=600):
@@ -46,7 +47,7 @@ def test_unknown_scheme_is_hydras_error_listing_the_schemes(tmp_path):
     (["device=tpu"], "device='tpu' is not allowed"),
 ])
 def test_bad_values_give_one_clear_line(tmp_path, shared_data, args, message):
-    p = fedrun(args + ["tracking=none", f"data_root={shared_data}"], tmp_path)
+    p = fedrun(["scheme=fl_std", "dp=false", "r=1.0"] + args + ["tracking=none", f"data_root={shared_data}"], tmp_path)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("fedrun: error:")]
@@ -55,7 +56,8 @@ def test_bad_values_give_one_clear_line(tmp_path, shared_data, args, message):
 
 def test_missing_data_names_every_place_searched(tmp_path):
     env = {"FEDRUN_DATA": str(tmp_path / "nowhere"), "FEDRUN_CACHE": str(tmp_path / "cache")}
-    p = fedrun(["dataset=mnist", "tracking=none", f"data_root={tmp_path / 'mydata'}"], tmp_path, env)
+    p = fedrun(["scheme=fl_std", "dp=false", "dataset=mnist", "tracking=none", f"data_root={tmp_path / 'mydata'}"],
+               tmp_path, env)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "not found" in p.stderr
     for place in ("mydata", "nowhere", "cache"):
