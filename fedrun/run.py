@@ -427,6 +427,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     out = Path(out_dir) if out_dir is not None else Path.cwd()
     tracker = tracker or NullTracker()
+    tracker.check()  # an unreachable tracking server fails here, before any data loading or training
     ckpt_path = None
     if c.get("resume") not in (None, False, "false", "False"):
         roots = [Path.cwd() / "outputs", Path.cwd() / "multirun", out.parent.parent]

@@ -61,6 +61,9 @@ class NullTracker:
               run_id: str | None = None) -> None:
         pass
 
+    def check(self) -> None:
+        pass
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         pass
 
@@ -75,6 +78,24 @@ class NullTracker:
 
     def end(self, status: str = "FINISHED") -> None:
         pass
+
+
+def check_server(uri: str, timeout: float = 5.0) -> None:
+    """Fail fast (seconds, not MLflow's minutes of retries) when an HTTP tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - the user's own server
+            if resp.status != 200:
+                raise ConnectionError(f"MLflow tracking server {uri} answered {resp.status} on /health")
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConnectionError(f"MLflow tracking server {uri} is not reachable ({reason}); start it, or unset "
+                              f"MLFLOW_TRACKING_URI / tracking.uri to log to sqlite:///mlflow.db here") from None
 
 
 def _check_reachable(client, uri: str) -> None:
@@ -121,6 +142,10 @@ class MlflowTracker:
     @property
     def where(self) -> str:
         return f"MLflow run {self.run_id} in experiment '{self.experiment}' at {self.uri}"
+
+    def check(self) -> None:
+        """Is the tracking store usable? Called before any data is loaded or training starts."""
+        check_server(self.uri)
 
     def start(self, params: dict[str, str], tags: dict[str, str], run_name: str | None = None,
               run_id: str | None = None) -> None:
@@ -185,7 +210,14 @@ class SweepCallback(Callback):
         from mlflow.tracking import MlflowClient
 
         uri = resolve_uri(tracking.get("uri"))
-        exp_id = prepare_store(uri, tracking.get("experiment", "fedrun"))
+        try:
+            check_server(uri)
+            exp_id = prepare_store(uri, tracking.get("experiment", "fedrun"))
+        except ConnectionError as exc:
+            import sys
+
+            print(f"fedrun: error: {exc}", file=sys.stderr)
+            sys.exit(2)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         client = MlflowClient(tracking_uri=uri)
