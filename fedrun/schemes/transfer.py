@@ -136,6 +136,17 @@ class TransferScheme(FedAvg):
     def setup(self, sim: "Simulation") -> None:
         self._have_extractor = np.zeros(sim.num_clients, dtype=bool)
 
+    def state_dict(self) -> dict:
+        """Counters and which clients hold f¹ (for checkpoint/resume)."""
+        have = None if self._have_extractor is None else torch.from_numpy(self._have_extractor.copy())
+        return {"uploads": self._uploads, "broadcast_bytes": self._broadcast_bytes, "have_extractor": have}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._uploads = int(state["uploads"])
+        self._broadcast_bytes = int(state["broadcast_bytes"])
+        if state.get("have_extractor") is not None:
+            self._have_extractor = state["have_extractor"].numpy().astype(bool).copy()
+
     # -- paper formulas ----------------------------------------------------------------------------
     def paper_bits(self, sim: "Simulation", rnd: int) -> tuple[float, float]:
         uc = sim.sampler.expected_clients
@@ -223,6 +234,8 @@ class FbFTL(TransferScheme):
         self._optimizer: torch.optim.Optimizer | None = None
         self._upload_metrics: dict[str, float] = {}
         self._epochs = 0
+        self._uploaded = False
+        self._optimizer_state: dict | None = None
 
     def prepare_model(self, model: torch.nn.Module, context: dict) -> set[str] | None:
         trainable = super().prepare_model(model, context)
@@ -247,32 +260,56 @@ class FbFTL(TransferScheme):
         model.train(was_training)
         return out
 
+    def _client_uploads(self, sim: "Simulation") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """What each client sends: its features (float32) and labels (smallest integer type), client by client."""
+        z_all = self.client_features(sim)
+        ldt = label_dtype(self.num_classes)
+        zs, ys = [], []
+        for part in sim.data.parts:
+            idx = torch.as_tensor(part, device=z_all.device)
+            zs.append(z_all[idx].to(torch.float32))
+            ys.append(sim.data.y[idx].to(ldt))
+        return zs, ys
+
+    def _pool(self, sim: "Simulation", zs: list[torch.Tensor], ys: list[torch.Tensor]) -> None:
+        """The operator mixes all uploads and strips addresses: the server holds one shuffled pool."""
+        z, y = torch.cat(zs), torch.cat(ys).to(torch.int64)
+        perm = torch.randperm(len(y), generator=sim.generator(0, "fbftl_shuffle"), device=sim.device)
+        self.z, self.y = z[perm], y[perm]
+
     def upload(self, sim: "Simulation") -> dict[str, float]:
         """Round 1: f¹ down (unless clients hold it), (z, y) of every sample up, shuffled at the server."""
-        parts = sim.data.parts
         if not self.clients_hold_source:
             sim.ledger.downlink(Message.of_shape(self.frozen_numel, kind="extractor"), sim.num_clients)
             self._broadcast_bytes += 4 * self.frozen_numel
-        z_all = self.client_features(sim)
-        ldt = label_dtype(self.num_classes)
-        zs, ys, per_client_labels = [], [], []
-        for part in parts:  # what each client sends: its features (float32) and labels
-            idx = torch.as_tensor(part, device=z_all.device)
-            z_u, y_u = z_all[idx].to(torch.float32), sim.data.y[idx].to(ldt)
+        zs, ys = self._client_uploads(sim)
+        for z_u, y_u in zip(zs, ys):
             sim.ledger.uplink(Message.of(z_u, y_u, kind="features"), 1)
-            zs.append(z_u)
-            ys.append(y_u)
-            per_client_labels.append(sim.data.y[idx].cpu().numpy())
-        z, y = torch.cat(zs), torch.cat(ys).to(torch.int64)
-        # the operator mixes all uploads and strips addresses: the server sees one shuffled pool
-        perm = torch.randperm(len(y), generator=sim.generator(0, "fbftl_shuffle"), device=sim.device)
-        self.z, self.y = z[perm], y[perm]
-        n = len(y)
+        self._pool(sim, zs, ys)
+        self._uploaded = True
+        n = len(self.y)
         self._uploads = n
-        metrics = {"uploading_clients": float(len(parts)), "uploaded_samples": float(n),
+        metrics = {"uploading_clients": float(len(zs)), "uploaded_samples": float(n),
                    "uplink_bytes_per_batch": sim.ledger.uplink_round / n}
-        metrics.update(self._leakage(per_client_labels))
+        metrics.update(self._leakage([y_u.cpu().numpy().astype(np.int64) for y_u in ys]))
         return metrics
+
+    def state_dict(self) -> dict:
+        """Counters, the server's optimizer and learning rate. The pool of uploads is not saved: a resumed
+        run rebuilds it (f¹ is frozen and the shuffle is seeded) without sending anything again."""
+        state = super().state_dict()
+        state.update({"uploaded": self._uploaded, "epochs": self._epochs, "head_lr": self.head_lr,
+                      "upload_metrics": dict(self._upload_metrics),
+                      "optimizer": None if self._optimizer is None else self._optimizer.state_dict()})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._uploaded = bool(state["uploaded"])
+        self._epochs = int(state["epochs"])
+        self.head_lr = state["head_lr"]
+        self._upload_metrics = dict(state["upload_metrics"])
+        self._optimizer_state = state["optimizer"]
 
     def _leakage(self, labels: list[np.ndarray]) -> dict[str, float]:
         """Observed and expected label leakage of this shuffled upload (eq. (19), uniform prior y0), when
@@ -295,7 +332,9 @@ class FbFTL(TransferScheme):
 
     def round(self, sim: "Simulation", rnd: int, clients: np.ndarray) -> dict[str, float]:
         metrics: dict[str, float] = {}
-        if self.z is None:
+        if self.z is None and self._uploaded:  # resumed from a checkpoint: rebuild the pool, send nothing
+            self._pool(sim, *self._client_uploads(sim))
+        elif self.z is None:
             self._upload_metrics = self.upload(sim)
             metrics.update(self._upload_metrics)
             metrics.update(self.source_info)
@@ -317,6 +356,9 @@ class FbFTL(TransferScheme):
         head = self._head(sim)
         sim.layout.load_into(sim.model, sim.params)
         params = list(head.parameters())
+        if self._optimizer is None and self._optimizer_state is not None:  # resumed
+            self._optimizer = srv.make_optimizer(params, self.head_lr, self.server_momentum, self.server_weight_decay)
+            self._optimizer.load_state_dict(self._optimizer_state)
         if self._optimizer is None:
             if self.tune_lrs:
                 best, scores = srv.tune_learning_rate(
