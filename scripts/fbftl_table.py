@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedrun.report import Column, fmt, markdown_table, mlflow_records
+from fedrun.report import Column, markdown_table, mlflow_records
 from fedrun.tracking import resolve_uri
 
 SCHEMES = ("fl", "ftl_full", "ftl_c", "fbftl")
@@ -198,4 +198,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["COLUMNS", "bits", "build_rows", "first_reaching", "fmt", "latest_runs", "pair_of", "render"]
+__all__ = ["COLUMNS", "bits", "build_rows", "first_reaching", "latest_runs", "pair_of", "render"]

@@ -323,7 +323,8 @@ class FbFTL(TransferScheme):
         if lk.num_batch_types(n, k) > 200_000:
             return {}
         s = lk.type_counts_from_labels(np.stack(labels).astype(np.int64), n)
-        return {"label_leakage_bits": lk.leakage(s, n, k), "label_leakage_expected_bits": lk.expected_leakage(n, k, u).mean,
+        return {"label_leakage_bits": lk.leakage(s, n, k),
+                "label_leakage_expected_bits": lk.expected_leakage(n, k, u).mean,
                 "label_prior_bits": lk.prior_entropy(n, k)}
 
     # -- server: train f² ---------------------------------------------------------------------------
