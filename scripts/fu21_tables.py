@@ -63,16 +63,32 @@ def dedupe(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def aggregate(records: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     """One row per (setting, ε, E): mean/std of the final ``key`` over seeds and the DP diagnostics.
 
-    ``setting`` is ("T", total_iterations) for fixed-T sweeps or ("T_g", rounds) for fixed-T_g sweeps.
+    ``setting`` is ("T", total_iterations) for fixed-T sweeps or ("T_g", rounds) for fixed-T_g sweeps. A
+    fixed-T run whose rounds equal a fixed-T_g sweep's T_g is the same computation, so it also fills that
+    sweep's table (for the sweep's ε values) when the sweep has no run of its own for that (ε, E, seed).
     """
+    def eps_of(r: dict[str, Any]) -> float:
+        return _float(r.get("params.epsilon")) if r.get("params.dp") not in ("False", "false") else math.inf
+
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    seen: set[tuple] = set()
+    fixed_t = []
     for r in records:
         if f"metrics.{key}" not in r:
             continue
-        total = _float(r.get("params.total_iterations"))
-        setting = ("T", int(total)) if not math.isnan(total) else ("T_g", int(_float(r["params.rounds"])))
-        eps = _float(r.get("params.epsilon")) if r.get("params.dp") not in ("False", "false") else math.inf
-        groups[(setting, eps, int(_float(r["params.local_steps"])))].append(r)
+        total, rounds = _float(r.get("params.total_iterations")), int(_float(r["params.rounds"]))
+        e = int(_float(r["params.local_steps"]))
+        if not math.isnan(total):
+            groups[(("T", int(total)), eps_of(r), e)].append(r)
+            fixed_t.append(r)
+        else:
+            groups[(("T_g", rounds), eps_of(r), e)].append(r)
+            seen.add((rounds, eps_of(r), e, r.get("params.seed")))
+    tg_cells = {(k[0][1], k[1]) for k in groups if k[0][0] == "T_g"}  # (T_g, ε) of the fixed-T_g sweeps
+    for r in fixed_t:
+        rounds, e = int(_float(r["params.rounds"])), int(_float(r["params.local_steps"]))
+        if (rounds, eps_of(r)) in tg_cells and (rounds, eps_of(r), e, r.get("params.seed")) not in seen:
+            groups[(("T_g", rounds), eps_of(r), e)].append(r)
     rows = []
     for (setting, eps, e), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1], kv[0][2])):
         vals = np.array([_float(r[f"metrics.{key}"]) for r in rs])
