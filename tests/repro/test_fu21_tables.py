@@ -36,8 +36,8 @@ def test_aggregate_mean_std_best_and_infinity():
     text = T["sweep_tables"](rows, "test_mse")
     assert "| ∞ | 15.00 ± 1.41 | **14.50 ± 0.00** |" in text
     assert "interior" in T["findings"](rows, "test_mse")
-    acc = T["best_per_epsilon"]([{**r, "mean": -r["mean"]} for r in rows], "test_accuracy")
-    assert acc[(("T", 100), 3.0)] == 1  # accuracy: the highest mean wins
+    acc = T["best_per_epsilon"](rows, "test_accuracy")
+    assert acc[(("T", 100), 3.0)] == 100  # accuracy: the highest mean wins
 
 
 def test_dedupe_keeps_newest_and_fixed_T_runs_fill_fixed_Tg_cells():
