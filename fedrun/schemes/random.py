@@ -1,0 +1,73 @@
+"""FL-RND (paper 000's random-coordinates baseline [inferred]): m = ceil(r·n) shared-seed random coordinates.
+
+Round t: the server and every client derive the same m coordinates I_t from the run's shared seed and t
+(:class:`fedrun.compress.masks.RandomCoordinates`); each selected client uploads its update on I_t,
+``Δw_k[I_t]`` (4·m bytes of float32 values plus the 8-byte round seed); the server aggregates the m-vectors
+(weighted mean, or client-level DP: clip to S in the m-dim domain + Gaussian noise) and updates only I_t::
+
+    w_t[I_t] = w_{t−1}[I_t] + η_g · Σ_k (|D_k| / Σ_j |D_j|) Δw_k[I_t]      (other coordinates unchanged)
+
+No momentum, no error feedback (the paper's baseline). With r = 1 it is FL-STD.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fedrun.comm import SEED_BYTES, Message
+from fedrun.compress.masks import RandomCoordinates
+from fedrun.schemes.base import Scheme
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedrun.simulation import Simulation
+
+
+def check_ratio(r: object) -> float:
+    """``r`` as a float in (0, 1], else ValueError naming it (r is the compression ratio m/n)."""
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < float(r) <= 1.0:
+        raise ValueError(f"r={r!r} is outside (0, 1]: r is the compression ratio m/n")
+    return float(r)
+
+
+class RandomCoordinatesScheme(Scheme):
+    """FL-RND: clients send the round's m shared-seed random coordinates; the server updates those.
+
+    Args:
+        r: compression ratio m/n in (0, 1] (the top-level ``r`` knob).
+        server_lr: η_g (1 in paper 000).
+    """
+
+    def __init__(self, r: float = 1.0, server_lr: float = 1.0) -> None:
+        super().__init__(server_lr=server_lr)
+        self.r = check_ratio(r)
+        self.coords: RandomCoordinates | None = None
+
+    def setup(self, sim: "Simulation") -> None:
+        self.coords = RandomCoordinates(sim.n, self.r, seed=sim.shared_seed(0, "fl_rnd"), device=sim.device)
+
+    @property
+    def m(self) -> int:
+        return self.coords.m
+
+    def compression_ratio(self, sim: "Simulation") -> float:
+        return self.m / sim.n
+
+    def tags(self, sim: "Simulation") -> dict[str, str]:
+        return {"compression.m": str(self.m), "compression.r": f"{self.r:g}"}
+
+    def payload_dim(self, sim: "Simulation") -> int:
+        return self.m
+
+    def message(self) -> Message:
+        """One client's upload: m float32 values and the round's shared seed (4·m + 8 bytes)."""
+        return Message.of_shape(self.m, extra_bytes=SEED_BYTES, kind="random_coordinates")
+
+    def encode(self, sim: "Simulation", rnd: int, clients: np.ndarray,
+               deltas: torch.Tensor) -> tuple[torch.Tensor, Message]:
+        return self.coords.compress(deltas, rnd), self.message()
+
+    def decode(self, sim: "Simulation", rnd: int, aggregate: torch.Tensor) -> torch.Tensor:
+        return self.coords.decompress(aggregate, rnd)

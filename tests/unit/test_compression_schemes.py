@@ -1,0 +1,275 @@
+"""FL-RND, FL-FREQ and FL-CS (paper 000) on a tiny synthetic federation, against independent references.
+
+References: local training by the sequential autograd path (``train_sequential``), FedAvg's own round, the
+DCT as an explicit matrix from ``scipy.fft.dct`` of the identity, FL-RND's coordinates from
+``RandomCoordinates`` (tested separately), clipping and BPDN's orthonormal closed form (soft threshold)
+written out with numpy, and the closed forms 4·m (+8) for the bytes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.fft
+import torch
+from torch import nn
+
+from fedrun.comm import SEED_BYTES
+from fedrun.config import ConfigError
+from fedrun.sampling import PoissonSampler, UniformSampler
+from fedrun.schemes.dct import CompressiveSensingScheme, FreqScheme
+from fedrun.schemes.fedavg import FedAvg
+from fedrun.schemes.random import RandomCoordinatesScheme
+from fedrun.simulation import ClientDP, Simulation
+from fedrun.training import ClientData, LocalSpec
+
+N_CLIENTS, FEATURES, CLASSES = 6, 12, 4
+DIM = FEATURES * CLASSES + CLASSES  # n = 52 parameters
+
+
+def make_sim(scheme, *, seed: int = 0, client_dp: ClientDP | None = None, per_round: int = 4) -> Simulation:
+    g = torch.Generator().manual_seed(123)
+    x = torch.randn(N_CLIENTS * 20, FEATURES, generator=g)
+    y = torch.randint(0, CLASSES, (N_CLIENTS * 20,), generator=g)
+    sizes = [20, 20, 15, 20, 10, 20]  # unequal |D_k|: the FedAvg weights matter
+    starts = np.cumsum([0] + sizes)
+    parts = [np.arange(starts[i], starts[i + 1]) for i in range(N_CLIENTS)]
+    torch.manual_seed(seed)
+    model = nn.Linear(FEATURES, CLASSES)
+    sampler = PoissonSampler(N_CLIENTS, 0.99) if client_dp is not None else UniformSampler(N_CLIENTS, per_round)
+    spec = LocalSpec("sgd", steps=2, batch_size=5, lr=0.3)
+    return Simulation(model=model, data=ClientData(x, y, parts), x_test=x[:30], y_test=y[:30], sampler=sampler,
+                      scheme=scheme, spec=spec, seed=seed, client_dp=client_dp)
+
+
+def dct_rows(n: int, m: int) -> np.ndarray:
+    """Φ: the first m rows of the orthonormal DCT-II matrix, from scipy (independent of fedrun's FFT code)."""
+    return scipy.fft.dct(np.eye(n), type=2, norm="ortho", axis=0)[:m]
+
+
+def round_with_reference(sim: Simulation, rnd: int):
+    """Run one round; return (clients, w before, deltas [K, n] float64, FedAvg weights, metrics)."""
+    clients = sim.select(rnd)
+    w0 = sim.params.clone()
+    local, _ = sim.trainer.train_sequential(w0, clients, rnd)
+    weights = sim.scheme.weights(sim, clients)
+    sim.ledger.start_round()
+    metrics = sim.scheme.round(sim, rnd, clients)
+    return clients, w0.double().numpy(), (local - w0).double().numpy(), weights, metrics
+
+
+def soft(v: np.ndarray, lam: float) -> np.ndarray:
+    return np.sign(v) * np.maximum(np.abs(v) - lam, 0.0)
+
+
+# ------------------------------------------------------------------------------ FL-FREQ
+def test_fl_freq_at_r_1_is_fl_std():
+    a, b = make_sim(FreqScheme(r=1.0)), make_sim(FedAvg())
+    for rnd in (1, 2):
+        for sim in (a, b):
+            sim.scheme.round(sim, rnd, sim.select(rnd))
+    torch.testing.assert_close(a.params, b.params, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("r", [0.1, 0.5])
+def test_fl_freq_update_is_the_zero_filled_inverse_dct_of_the_mean_coefficients(r):
+    sim = make_sim(FreqScheme(r=r))
+    _, w0, deltas, weights, _ = round_with_reference(sim, 1)
+    m = math.ceil(r * DIM)
+    phi = dct_rows(DIM, m)
+    expected = w0 + phi.T @ (phi @ (weights @ deltas))
+    np.testing.assert_allclose(sim.params.numpy(), expected, atol=1e-5)
+    assert sim.scheme.m == m and sim.scheme.compression_ratio(sim) == m / DIM
+
+
+# ------------------------------------------------------------------------------ FL-RND
+@pytest.mark.parametrize("r", [0.1, 0.3])
+def test_fl_rnd_update_is_the_masked_fedavg_update(r):
+    sim = make_sim(RandomCoordinatesScheme(r=r))
+    _, w0, deltas, weights, _ = round_with_reference(sim, 3)
+    idx = sim.scheme.coords.indices(3).numpy()
+    mask = np.zeros(DIM)
+    mask[idx] = 1.0
+    assert len(idx) == math.ceil(r * DIM)
+    np.testing.assert_allclose(sim.params.numpy(), w0 + mask * (weights @ deltas), atol=1e-6)
+
+
+def test_fl_rnd_draws_new_coordinates_each_round_from_the_shared_seed():
+    a, b = make_sim(RandomCoordinatesScheme(r=0.2)), make_sim(RandomCoordinatesScheme(r=0.2))
+    assert torch.equal(a.scheme.coords.indices(1), b.scheme.coords.indices(1))
+    assert not torch.equal(a.scheme.coords.indices(1), a.scheme.coords.indices(2))
+
+
+# ------------------------------------------------------------------------------ FL-CS
+def test_fl_cs_at_r_1_without_momentum_is_soft_thresholded_fedavg():
+    """Φ orthonormal (r = 1, P = 1): BPDN's solution is soft(Φᵀy, λ), and the error is y − Φs."""
+    scheme = CompressiveSensingScheme(r=1.0, chunks=1, momentum=0.0, lam_rel=0.2, max_iter=50)
+    sim = make_sim(scheme)
+    _, w0, deltas, weights, _ = round_with_reference(sim, 1)
+    phi = dct_rows(DIM, DIM)
+    y = phi @ (weights @ deltas)
+    z = phi.T @ y
+    s = soft(z, 0.2 * np.abs(z).max())
+    np.testing.assert_allclose(sim.params.numpy(), w0 + s, atol=1e-5)
+    np.testing.assert_allclose(scheme.e.numpy(), y - phi @ s, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_fl_cs_momentum_and_accumulated_error_follow_the_definition(chunks):
+    """Alg. 3 lines 8–13 recomputed in numpy over two rounds: u, p, e and w."""
+    rho = 0.8
+    scheme = CompressiveSensingScheme(r=0.3, chunks=chunks, momentum=rho, lam_rel=0.1, max_iter=400, tol=1e-8)
+    sim = make_sim(scheme)
+    m = scheme.m
+    if chunks == 1:
+        phi = dct_rows(DIM, m)
+    else:  # the shuffled/chunked layout itself is tested in test_compress_cs.py; Φ = the operator on the identity
+        phi = scheme.comp.compress(torch.eye(DIM, dtype=torch.float64).T.contiguous().float()).double().numpy().T
+    u, e = np.zeros(m), np.zeros(m)
+    for rnd in (1, 2):
+        _, w0, deltas, weights, metrics = round_with_reference(sim, rnd)
+        y = phi @ (weights @ deltas)  # line 8
+        u = rho * u + y  # line 9
+        p = u + e  # line 10
+        s = sim.params.double().numpy() - w0  # line 13: w_t = w_{t−1} + s_t
+        e = p - phi @ s  # line 12
+        np.testing.assert_allclose(scheme.u.numpy(), u, atol=1e-5)
+        np.testing.assert_allclose(scheme.e.numpy(), e, atol=1e-5)
+        assert np.abs(s).sum() > 0 and metrics["cs_iterations"] >= 1
+        # s is a BPDN solution for p (KKT on the support: Φᵀ(p − Φs) = λ·sign(s), up to the solver's tolerance)
+        lam = 0.1 * np.abs(phi.T @ p).max()
+        grad = phi.T @ (p - phi @ s)
+        assert np.all(np.abs(grad) <= lam * 1.02 + 1e-7)
+
+
+def test_fl_cs_without_error_feedback_keeps_no_error():
+    scheme = CompressiveSensingScheme(r=0.3, chunks=1, error_feedback=False, max_iter=5)
+    sim = make_sim(scheme)
+    round_with_reference(sim, 1)
+    assert float(scheme.e.abs().max()) == 0.0 and float(scheme.u.abs().max()) > 0
+
+
+def test_fl_cs_state_dict_resumes_exactly():
+    def scheme():
+        return CompressiveSensingScheme(r=0.3, chunks=2, momentum=0.9, max_iter=10)
+
+    full = make_sim(scheme())
+    for rnd in (1, 2, 3):
+        full.scheme.round(full, rnd, full.select(rnd))
+    first = make_sim(scheme())
+    for rnd in (1, 2):
+        first.scheme.round(first, rnd, first.select(rnd))
+    second = make_sim(scheme())
+    second.params.copy_(first.params)
+    second.scheme.load_state_dict(first.scheme.state_dict())
+    second.scheme.round(second, 3, second.select(3))
+    torch.testing.assert_close(second.params, full.params, atol=0, rtol=0)
+    torch.testing.assert_close(second.scheme.e, full.scheme.e, atol=0, rtol=0)
+
+
+def test_fl_cs_owlqn_and_fista_reach_the_same_bpdn_objective():
+    sims = [make_sim(CompressiveSensingScheme(r=0.5, chunks=1, momentum=0.0, solver=solver, max_iter=1000, tol=1e-8))
+            for solver in ("fista", "owlqn")]
+    phi = dct_rows(DIM, math.ceil(0.5 * DIM))
+    values = []
+    for sim in sims:
+        w0 = sim.params.double().numpy()
+        sim.scheme.round(sim, 1, sim.select(1))
+        p, s = sim.scheme.u.double().numpy(), sim.params.double().numpy() - w0  # round 1, ρ = 0: p = y
+        lam = sim.scheme.lam_rel * np.abs(phi.T @ p).max()
+        values.append(0.5 * np.sum((p - phi @ s) ** 2) + lam * np.abs(s).sum())
+    assert values[1] == pytest.approx(values[0], rel=1e-4)
+    torch.testing.assert_close(sims[0].params, sims[1].params, atol=2e-3, rtol=0)
+
+
+# ------------------------------------------------------------------------------ bytes
+@pytest.mark.parametrize("scheme,extra", [
+    (lambda: RandomCoordinatesScheme(r=0.1), SEED_BYTES),
+    (lambda: FreqScheme(r=0.1), 0),
+    (lambda: CompressiveSensingScheme(r=0.1, chunks=2, max_iter=3), 0),
+])
+def test_uplink_is_4m_plus_the_seed_per_selected_client(scheme, extra):
+    sim = make_sim(scheme())
+    clients, *_ = round_with_reference(sim, 1)
+    m = math.ceil(0.1 * DIM)
+    assert sim.scheme.payload_dim(sim) == m
+    assert sim.ledger.uplink_round == len(clients) * (4 * m + extra)
+    assert sim.ledger.downlink_round == len(clients) * 4 * DIM
+
+
+# ------------------------------------------------------------------------------ client-level DP
+def _clip(rows: np.ndarray, S: float) -> np.ndarray:
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return rows * np.minimum(1.0, S / np.maximum(norms, 1e-30))
+
+
+DP0 = ClientDP(clipping_norm=0.02, noise_multiplier=0.0, sampling_probability=0.99, expected_clients=0.99 * N_CLIENTS,
+               delta=1e-5)
+
+
+def test_dp_fl_rnd_clips_the_m_coordinates_it_sends():
+    sim = make_sim(RandomCoordinatesScheme(r=0.2), client_dp=DP0)
+    _, w0, deltas, _, _ = round_with_reference(sim, 1)
+    idx = sim.scheme.coords.indices(1).numpy()
+    sent = deltas[:, idx]
+    assert np.all(np.linalg.norm(sent, axis=1) > 0.02)  # every client is clipped in the m-dim domain …
+    assert np.all(np.linalg.norm(sent, axis=1) < np.linalg.norm(deltas, axis=1))  # … a smaller norm than Δw
+    expected = w0.copy()
+    expected[idx] += _clip(sent, 0.02).sum(0) / DP0.expected_clients
+    np.testing.assert_allclose(sim.params.numpy(), expected, atol=1e-6)
+    assert sim.last_dp_diagnostics["dp_mean_norm"] == pytest.approx(np.linalg.norm(sent, axis=1).mean(), rel=1e-4)
+
+
+@pytest.mark.parametrize("make", [lambda: FreqScheme(r=0.2), lambda: CompressiveSensingScheme(
+    r=0.2, chunks=1, momentum=0.0, lam_rel=0.3, max_iter=200)])
+def test_dp_dct_schemes_clip_the_m_coefficients_they_send(make):
+    sim = make_sim(make(), client_dp=DP0)
+    _, w0, deltas, _, _ = round_with_reference(sim, 1)
+    m = math.ceil(0.2 * DIM)
+    phi = dct_rows(DIM, m)
+    coefs = deltas @ phi.T
+    y = _clip(coefs, 0.02).sum(0) / DP0.expected_clients
+    assert sim.last_dp_diagnostics["dp_mean_norm"] == pytest.approx(np.linalg.norm(coefs, axis=1).mean(), rel=1e-4)
+    s = sim.params.double().numpy() - w0
+    if isinstance(sim.scheme, FreqScheme):
+        np.testing.assert_allclose(s, phi.T @ y, atol=1e-6)
+    else:  # the reconstruction fits y up to λ: Φᵀ(y − Φs) within the L1 subgradient bound
+        lam = 0.3 * np.abs(phi.T @ y).max()
+        assert np.abs(phi.T @ (y - phi @ s)).max() <= lam * 1.05
+        np.testing.assert_allclose(sim.scheme.e.numpy(), y - phi @ s, atol=1e-6)
+
+
+def test_dp_noise_raises_lambda_with_lam_noise():
+    dp = ClientDP(clipping_norm=0.5, noise_multiplier=2.0, sampling_probability=0.99, expected_clients=5.0, delta=1e-5)
+    scheme = CompressiveSensingScheme(r=0.3, chunks=1, momentum=0.5, lam_rel=0.01, lam_noise=1.0, max_iter=5)
+    sim = make_sim(scheme, client_dp=dp)
+    sim.scheme.round(sim, 1, sim.select(1))
+    sigma_p = 2.0 * 0.5 / 5.0  # one round: Σ ρ^{2i} = 1
+    assert scheme.noise_std(sim) == pytest.approx(sigma_p)
+    assert scheme.lam(sim, 1e9) == pytest.approx(0.01 * 1e9)  # lam_rel wins when it is larger
+    assert scheme.lam(sim, 1e-9) == pytest.approx(sigma_p * math.sqrt(2 * math.log(DIM)))
+    sim.scheme.round(sim, 2, sim.select(2))
+    assert scheme.noise_std(sim) == pytest.approx(sigma_p * math.sqrt(1 + 0.25))
+
+
+# ------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("make,message", [
+    (lambda: RandomCoordinatesScheme(r=0.0), r"r=0.0 is outside \(0, 1\]"),
+    (lambda: FreqScheme(r=1.5), r"r=1.5 is outside \(0, 1\]"),
+    (lambda: CompressiveSensingScheme(r=-0.1), r"r=-0.1 is outside \(0, 1\]"),
+    (lambda: CompressiveSensingScheme(r=0.1, chunks=0), r"scheme.chunks=0; allowed: an integer P >= 1"),
+    (lambda: CompressiveSensingScheme(r=0.1, solver="lasso"), r"scheme.solver='lasso' is unknown; allowed: fista, owlqn"),
+    (lambda: CompressiveSensingScheme(r=0.1, lam_rel=0.0), r"scheme.lam_rel=0.0; allowed: 0 < lam_rel < 1"),
+    (lambda: CompressiveSensingScheme(r=0.1, momentum=1.0), r"scheme.momentum=1.0; allowed: 0 <= momentum < 1"),
+    (lambda: CompressiveSensingScheme(r=0.1, max_iter=0), r"scheme.max_iter=0; allowed: an integer >= 1"),
+])
+def test_bad_scheme_values_are_named(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_more_chunks_than_coefficients_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"scheme.chunks=10 with r=0.1 and n=52: chunks=10; allowed: 1 <= chunks <= m=6"):
+        make_sim(CompressiveSensingScheme(r=0.1, chunks=10))
