@@ -1,7 +1,9 @@
 """Paper 001 (Fu et al.): the results/fu21 commands at CI size, and reduced reproductions of the thesis (slow).
 
-CI size: the same ``fedrun -m experiment=fu21_<dataset> ...`` command and ``scripts/fu21_tables.py`` call as in
-results/fu21/, with a tiny T, two E values, two budgets and one seed, into a fresh MLflow store.
+Fast: each experiment config (``experiment=fu21_<dataset>``) run in-process at CI size (tiny T, no tracking).
+Slow (subprocess + a fresh MLflow store cost ~30–50 s on the 2-core CI machine): the same
+``fedrun -m experiment=fu21_<dataset> ...`` command and ``scripts/fu21_tables.py`` call as in results/fu21/,
+with a tiny T, two E values and one seed; and a reduced rerun of the Lending Club thesis.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, compose
 
 TABLES = runpy.run_path(str(REPO / "scripts" / "fu21_tables.py"), run_name="fu21_tables")
 
@@ -37,6 +39,28 @@ def _tables(tmp_path, experiment: str) -> tuple[str, list[dict]]:
     return out.read_text(), records
 
 
+@pytest.mark.parametrize("experiment,overrides,mechanism", [
+    ("fu21_lending_club", ["local_steps=5", "total_iterations=10", "epsilon=3"], "laplace"),
+    ("fu21_femnist", ["local_steps=1", "total_iterations=1", "clients_per_round=1", "epsilon=3"], "gaussian"),
+])
+def test_experiment_config_runs_ci_size(tmp_path, shared_data, experiment, overrides, mechanism):
+    from fedrun.run import build, run
+
+    cfg = compose([f"experiment={experiment}", *overrides, f"data_root={shared_data}", "tracking=none",
+                   "progress=off"])
+    assert cfg.scheme.name == "ldp_fedavg" and cfg.local_clip_mode == "per_sample" and cfg.num_clients is None
+    assert cfg.dp == f"local_{mechanism}" and cfg.rounds is None
+    summary = run(cfg, out_dir=tmp_path)
+    key = "best_test_mse" if mechanism == "laplace" else "best_test_accuracy"
+    assert math.isfinite(summary[key]) and summary["rounds_completed"] == (2 if mechanism == "laplace" else 1)
+    if mechanism == "laplace":  # ζ = 150 in L1, 50 states
+        assert summary["ldp_clip_norm"] == 150 and summary["ldp_epsilon_max"] == pytest.approx(3.0)
+    else:  # ζ = 3 in L2, δ = 1e-4, one writer engaged once; the classic formula is conservative at ε = 3
+        assert summary["ldp_clip_norm"] == 3 and summary["ldp_delta"] == 1e-4
+        assert summary["ldp_epsilon_pld_max"] <= 3.0 and summary["ldp_clients_noised"] == 1
+
+
+@pytest.mark.slow
 def test_lending_club_command_ci_size(tmp_path, shared_data):
     _fedrun(tmp_path, shared_data, "-m", "experiment=fu21_lending_club", "local_steps=1,5", "epsilon=3", "seed=0",
             "total_iterations=10")
