@@ -11,7 +11,15 @@ from fedrun.run import run
 from fedrun.tracking import MlflowTracker
 
 N = 61_706  # LeNet-5 parameters
+# MNIST / LeNet-5, no DP (pinned: the primary config's defaults may change)
+BASE = ["dataset=mnist", "model=lenet5", "dp=false", "epsilon=null", "noise_multiplier=null"]
 K_OF_N = ["sampler=uniform", "num_clients=10", "clients_per_round=5", "eval_every=2"]  # evaluate once
+
+
+def _cfg(fast_cfg, *overrides: str):
+    """fast_cfg with BASE, where ``overrides`` replace BASE entries of the same key."""
+    keys = {o.split("=", 1)[0] for o in overrides}
+    return fast_cfg(*[b for b in BASE if b.split("=", 1)[0] not in keys], *overrides)
 
 
 def _rows(path):
@@ -29,7 +37,7 @@ def _rows(path):
 ])
 def test_every_scheme_runs_on_mnist_and_logs_exact_bytes(fast_cfg, tmp_path, overrides, up, down):
     size = [] if overrides[0] == "scheme=fedsgd" else ["scheme.rows=2", "scheme.cols=50"]
-    summary = run(fast_cfg("dataset=mnist", "model=lenet5", *K_OF_N, *size, *overrides), out_dir=tmp_path)
+    summary = run(_cfg(fast_cfg, *K_OF_N, *size, *overrides), out_dir=tmp_path)
     assert summary["rounds_completed"] == 2 and 0 <= summary["best_test_accuracy"] <= 1
     rows = _rows(tmp_path / "metrics.csv")
     assert [float(r["uplink_bytes"]) for r in rows] == [up, up]
@@ -43,10 +51,10 @@ def test_mlflow_has_bytes_accuracy_and_the_theorem_1_epsilon(fast_cfg, tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # a 1×2 sketch satisfies Theorem 1's condition at l = 61,706 with the default C/σ = 4.93
     valid = MlflowTracker(uri, "fedsketch-test")
-    run(fast_cfg("dataset=mnist", "model=lenet5", *K_OF_N, "scheme=fedsketch", "scheme.rows=1", "scheme.cols=2"),
+    run(_cfg(fast_cfg, *K_OF_N, "scheme=fedsketch", "scheme.rows=1", "scheme.cols=2"),
         tracker=valid, out_dir=tmp_path / "a")
     invalid = MlflowTracker(uri, "fedsketch-test")
-    run(fast_cfg("dataset=mnist", "model=lenet5", *K_OF_N, "scheme=fedsketch", "scheme.rows=20", "scheme.cols=40"),
+    run(_cfg(fast_cfg, *K_OF_N, "scheme=fedsketch", "scheme.rows=20", "scheme.cols=40"),
         tracker=invalid, out_dir=tmp_path / "b")
     client = MlflowClient(tracking_uri=uri)
     a, b = client.get_run(valid.run_id), client.get_run(invalid.run_id)
@@ -61,7 +69,7 @@ def test_mlflow_has_bytes_accuracy_and_the_theorem_1_epsilon(fast_cfg, tmp_path)
 
 
 def test_client_level_dp_on_the_sketch(fast_cfg, tmp_path):
-    summary = run(fast_cfg("dataset=mnist", "model=lenet5", "eval_every=2", "scheme=fedsketch", "scheme.unsketch=heaprix",
+    summary = run(_cfg(fast_cfg, "sampler=poisson", "eval_every=2", "scheme=fedsketch", "scheme.unsketch=heaprix",
                            "scheme.heavy_values=sketch", "scheme.num_heavy=20", "dp=true", "noise_multiplier=1.0",
                            "clipping_norm=0.5"), out_dir=tmp_path)
     assert summary["epsilon_final"] > 0 and summary["dp_noise_multiplier"] == 1.0
@@ -73,11 +81,11 @@ def test_client_level_dp_on_the_sketch(fast_cfg, tmp_path):
     (["scheme=fedsketch", "scheme.rows=0"], "scheme.rows=0; allowed: an integer >= 1"),
     (["scheme=fedsketch", "scheme.cols=0"], "scheme.cols=0; allowed: an integer >= 1"),
     (["scheme=fedsketch", "scheme.rows=100", "scheme.cols=1000"], "sketch would be bigger than the model"),
-    (["scheme=fedsketchgate"], "needs full participation"),
+    (["scheme=fedsketchgate", "sampler=poisson"], "needs full participation"),
     (["scheme=fedsgd"], "allowed: local_steps=1"),
     (["scheme=fedsketch", "scheme.unsketch=heaprix", "dp=true", "noise_multiplier=1"], "second exchange"),
 ])
 def test_bad_values_are_config_errors(fast_cfg, tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=None) as err:
-        run(fast_cfg("dataset=mnist", "model=lenet5", *overrides), out_dir=tmp_path)
+        run(_cfg(fast_cfg, *overrides), out_dir=tmp_path)
     assert message in str(err.value) and "\n" not in str(err.value)
