@@ -197,6 +197,7 @@ def plot(rows: list[dict[str, Any]], key: str, path_prefix: Path, title: str) ->
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     best = best_per_epsilon(rows, key)
     paths = []
@@ -213,6 +214,9 @@ def plot(rows: list[dict[str, Any]], key: str, path_prefix: Path, title: str) ->
                 ax.plot([b], [m[list(e).index(b)]], marker="*", markersize=16, color=line[0].get_color(),
                         markeredgecolor="k")
         ax.set_xscale("log")
+        es = sorted({r["E"] for r in sub})
+        ax.set_xticks(es, [str(e) for e in es])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xlabel("E (local iterations per global iteration)")
         ax.set_ylabel("final test MSE" if key == "test_mse" else "final test accuracy")
         if key == "test_mse":
