@@ -123,7 +123,7 @@ def make_client_dp(c: dict, sampler, rounds: int) -> ClientDP:
     q = sampler.poisson_probability
     if q is None:
         raise ConfigError(f"dp=true needs sampler=poisson: the accountant assumes Poisson sampling with "
-                          f"probability C; got sampler={type(sampler).__name__}")
+                          f"probability C; got sampler={sampler.name}")
     delta, acct = float(c["delta"]), c["accountant"]
     eps, sigma = c.get("epsilon"), c.get("noise_multiplier")
     try:

@@ -17,6 +17,9 @@ from fedrun.rng import numpy_rng
 class Sampler:
     """Chooses the clients of each round."""
 
+    #: the config name (conf/sampler/<name>.yaml)
+    name: str = "base"
+
     #: probability that a given client takes part in a round, when the selection is Poisson (else None)
     poisson_probability: float | None = None
 
@@ -39,6 +42,8 @@ class Sampler:
 
 
 class PoissonSampler(Sampler):
+    name = "poisson"
+
     def __init__(self, num_clients: int, probability: float) -> None:
         super().__init__(num_clients)
         if not 0 < float(probability) <= 1:
@@ -56,6 +61,8 @@ class PoissonSampler(Sampler):
 
 
 class UniformSampler(Sampler):
+    name = "uniform"
+
     def __init__(self, num_clients: int, clients_per_round: int) -> None:
         super().__init__(num_clients)
         if not 1 <= int(clients_per_round) <= self.num_clients:
@@ -72,6 +79,8 @@ class UniformSampler(Sampler):
 
 class RoundRobinSampler(Sampler):
     """Round t (1-based) takes clients (t−1)·b … t·b − 1 modulo N, in a fixed seeded order."""
+
+    name = "round_robin"
 
     def __init__(self, num_clients: int, clients_per_round: int, shuffle: bool = True) -> None:
         super().__init__(num_clients)
@@ -102,6 +111,8 @@ class RoundRobinSampler(Sampler):
 
 
 class AllSampler(Sampler):
+    name = "all"
+
     def select(self, rnd: int, seed: int) -> np.ndarray:
         return np.arange(self.num_clients)
 
