@@ -286,14 +286,15 @@ class FedSketch(SketchScheme):
         else:
             phi = cs.heaprix(S_bar, m)
         sim.params.add_(phi, alpha=-self.server_lr)  # x ← x − γ·Φ
+        metrics = self._round_metrics(losses)
         if self._needs_own_decode:
-            self._track(sim, cs, clients, phi, X, Ss, H, m)
-        return self._round_metrics(losses)
+            metrics.update(self._track(sim, cs, clients, phi, X, Ss, H, m))
+        return metrics
 
     # FedSKETCHGATE hooks (no-ops here)
     _needs_own_decode = False
 
-    def _track(self, sim, cs, clients, phi, X, Ss, H, m) -> None:  # pragma: no cover - overridden
+    def _track(self, sim, cs, clients, phi, X, Ss, H, m) -> dict[str, float]:  # pragma: no cover - overridden
         raise NotImplementedError
 
 
@@ -329,13 +330,16 @@ class FedSketchGate(FedSketch):
             return cs.heaprix(Ss, m, exact_heavy_values=X.gather(1, HK), indices=HK)
         return cs.heaprix(Ss, m, indices=HK)
 
-    def _track(self, sim, cs, clients, phi, X, Ss, H, m) -> None:
+    def _track(self, sim, cs, clients, phi, X, Ss, H, m) -> dict[str, float]:
+        """Update every participant's c_j; report ‖c̄‖ (0 for a linear decoder) and the RMS ‖c_j‖."""
         if len(clients) == 0:
-            return
+            return {}
         phi_j = self.own_decode(cs, Ss, X, H, m)
         c = sim.client_state.get(self.STATE, clients, sim.n)
         c -= (phi.unsqueeze(0) - phi_j) / float(sim.spec.steps)
         sim.client_state.set(self.STATE, clients, c)
+        return {"gate_c_mean_norm": float(c.mean(0).norm()),
+                "gate_c_rms_norm": float(c.norm(dim=1).pow(2).mean().sqrt())}
 
 
 class FedSGD(FedAvg):

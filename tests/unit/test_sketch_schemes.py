@@ -172,10 +172,20 @@ def test_gate_corrections_sum_to_zero_with_a_linear_decoder(unsketch, heavy):
     ids = np.arange(N_CLIENTS)
     for rnd in (1, 2, 3):
         sim.ledger.start_round()
-        scheme.round(sim, rnd, sim.select(rnd))
+        metrics = scheme.round(sim, rnd, sim.select(rnd))
         c = sim.client_state.get(FedSketchGate.STATE, ids, DIM)
         assert c.abs().max() > 1e-4  # the corrections are not trivially zero
         assert c.sum(0).abs().max() < 1e-5
+        assert metrics["gate_c_mean_norm"] < 1e-5 < metrics["gate_c_rms_norm"]
+
+
+def test_gate_mean_correction_drifts_with_a_median_decoder():
+    """t = 3 rows: the median makes Σ_j Φ_j ≠ N·Φ, so c̄ = mean c_j leaves 0 (nothing pulls it back)."""
+    scheme = FedSketchGate("privix", rows=3, cols=7)
+    sim = make_sim(scheme, per_round=None, steps=1)
+    sim.ledger.start_round()
+    metrics = scheme.round(sim, 1, sim.select(1))
+    assert metrics["gate_c_mean_norm"] > 1e-4
 
 
 def test_gate_update_matches_formula_and_correction_enters_local_steps():
