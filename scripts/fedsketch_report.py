@@ -69,14 +69,16 @@ def annotate(r: dict[str, Any]) -> dict[str, Any]:
         out["paper_ratio"] = 1.0
     out["diverged"] = r.get("status") == "FAILED" and "diverged" in r.get("tags.fedrun.failure_reason", "")
     out["eps_status"] = r.get("tags.sketch_epsilon_status", "")
+    out["hashes"] = r.get("params.scheme.hashes", "–") if size else "–"
     return out
 
 
 def latest(records: list[dict], by_lr: bool = False) -> list[dict]:
-    """One record per (method, size, τ, sampler[, η]): the most recent run."""
+    """One record per (method, size, τ, sampler[, η, γ, hashes]): the most recent run."""
     best: dict[tuple, dict] = {}
     for r in sorted(records, key=lambda r: r["start_time"]):
-        best[(r["method"], r["size"], r["tau"], r.get("params.sampler._target_"), r["lr"] if by_lr else None)] = r
+        lrs = (r["lr"], r["server_lr"], r["hashes"]) if by_lr else None
+        best[(r["method"], r["size"], r["tau"], r.get("params.sampler._target_"), lrs)] = r
     return list(best.values())
 
 
@@ -91,7 +93,7 @@ def load(uri: str, experiment: str, by_lr: bool = False) -> list[dict]:
 
 def order_key(r: dict) -> tuple:
     rank = METHOD_ORDER.index(r["method"]) if r["method"] in METHOD_ORDER else 9
-    return (r["tau"], r["size"] != "–", r["size"], rank, r["lr"])
+    return (r["tau"], r["size"] != "–", r["size"], rank, r["lr"], r["server_lr"], r["hashes"])
 
 
 # ------------------------------------------------------------------------------------------ tables
@@ -106,6 +108,8 @@ RESULT_COLUMNS = [
     Column("τ", "tau"),
     Column("clients/round", "clients", "{:.0f}"),
     Column("η", "lr", "{:g}"),
+    Column("γ", "server_lr", "{:g}"),
+    Column("hashes", "hashes"),
     Column("final acc.", "final_accuracy", "{:.4f}"),
     Column("best acc.", "best_accuracy", "{:.4f}"),
     Column("rounds", "rounds", "{:.0f}"),
@@ -220,7 +224,8 @@ def claims(homo: list[dict], hetero: list[dict]) -> str:
                 r = _acc(rs, f"{fam}-{u}", "50x100", tau)
                 if r is not None and f is not None:
                     a, (af,), rnd = compare(r, [f])
-                    cells.append(f"{NAMES[r['method']]} τ={tau}: {a:.4f} ({_pp(a, af)}){tick[a >= af - CLOSE_PP / 100]}")
+                    ok = a >= af - CLOSE_PP / 100
+                    cells.append(f"{NAMES[r['method']]} τ={tau}: {a:.4f} ({_pp(a, af)}){tick[ok]}")
         if cells:
             lines += [f"3. **(50, 100) close to FedSGD ({title}; FedSGD {acc_at(f, 1e9):.4f})**: "
                       + "; ".join(cells) + ".", ""]
@@ -283,25 +288,62 @@ def plot_figure(uri: str, records: list[dict], title: str, path: Path) -> None:
             h = r.get("history") or histories(uri, r["run_id"], ("train_loss", "test_accuracy"))
             style = "--" if r["size"] == "20x40" else "-"
             label = r["name"] + (" [τ=1]" if r["method"] in ("fedsgd", "sketchedsgd") and tau != 1 else "")
+            label += f" η={r['lr']:g}" + (f" γ={r['server_lr']:g}" if r["server_lr"] != 1 else "")
+            label += ", per-round hashes" if r["hashes"] == "per_round" else ""
             if r["diverged"]:
                 label += " (diverged)"
             for row, key in enumerate(("train_loss", "test_accuracy")):
                 pts = h[key]
                 if pts:
                     axes[row][col].plot(*zip(*pts), style, color=colors.get(r["method"], "gray"), label=label,
-                                        marker="." if key == "test_accuracy" else None, linewidth=1.2)
+                                        marker="." if key == "test_accuracy" else None,
+                                        linewidth=0.8 if r["diverged"] else 1.4, alpha=0.35 if r["diverged"] else 1)
         axes[0][col].set_title(f"τ = {tau}")
         axes[0][col].set_ylabel("training loss (clients' local batches)")
         axes[1][col].set_ylabel("test accuracy")
         axes[1][col].set_xlabel("round")
         axes[0][col].set_yscale("log")
+        axes[0][col].set_ylim(top=10)  # diverging runs leave the plot (faint lines, "(diverged)" in the legend)
         for row in (0, 1):
             axes[row][col].grid(alpha=0.3)
-    axes[1][0].legend(fontsize=7, loc="lower right")
-    fig.suptitle(title + "  (dashed: sketch 20×40, solid: 50×100)", fontsize=10)
-    fig.tight_layout()
+    handles, labels = axes[1][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=3, frameon=False)
+    fig.suptitle(title + "  (dashed: sketch 20×40, solid: 50×100; faint: diverged)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.03 + 0.022 * math.ceil(len(labels) / 3), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def gate_diagnostics(uri: str) -> str | None:
+    """FedSKETCHGATE's tracking terms per round (experiment fedsketch-gate-diagnostics), as markdown."""
+    try:
+        recs = [r for r in mlflow_records(uri, "fedsketch-gate-diagnostics") if r["status"] in ("FINISHED", "FAILED")]
+    except ValueError:
+        return None
+    if not recs:
+        return None
+    shown = (1, 2, 3, 4, 5, 10, 15, 20)
+    lines = ["# FedSKETCHGATE diagnostics (generated by scripts/fedsketch_report.py)", "",
+             "Heterogeneous split (1–2 classes per worker), 10 workers all active, τ = 1, γ = 1, 20 rounds "
+             "(`experiment=fedsketch_gate_diag`, commands in README.md). Per round: ‖mean_j c_j‖ / RMS_j ‖c_j‖ "
+             "(metrics `gate_c_mean_norm`, `gate_c_rms_norm`); with an exact decoder c_j tracks the drift "
+             "g_j − ḡ and its mean stays 0.", "",
+             "| decoder | hashes | η | status | " + " | ".join(f"round {k}" for k in shown) + " |",
+             "|" + "---|" * (4 + len(shown))]
+    for r in sorted(recs, key=lambda r: r["start_time"]):
+        h = histories(uri, r["run_id"], ("gate_c_mean_norm", "gate_c_rms_norm"))
+        mean, rms = dict(h["gate_c_mean_norm"]), dict(h["gate_c_rms_norm"])
+        unsketch = r.get("params.scheme.unsketch")
+        heavy = r.get("params.scheme.num_heavy")
+        dec = f"{unsketch.upper()} {r['params.scheme.rows']}×{r['params.scheme.cols']}"
+        if unsketch == "heaprix" and heavy not in (None, "None") and int(heavy) >= int(r["tags.fedrun.num_parameters"]):
+            dec += f", m = {heavy} = d (exact)"
+        reason = "ok" if r["status"] == "FINISHED" else "diverged" if "diverged" in \
+            r.get("tags.fedrun.failure_reason", "") else r["status"]
+        cells = [f"{mean[k]:.2g} / {rms[k]:.2g}" if k in mean else "–" for k in shown]
+        lines.append(f"| {dec} | {r.get('params.scheme.hashes', 'fixed')} | {r['params.lr']} | {reason} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -346,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_plots:
             plot_figure(uri, rs, title, args.out_dir / f"{key}_{exp.split('-')[1]}.png")
     parts.append(claims(figs["figure1"], figs["figure2"]))
+    diag = gate_diagnostics(uri)
+    if diag:
+        (args.out_dir / "gate_diagnostics.md").write_text(diag)
     text = "\n".join(parts)
     (args.out_dir / "fedsketch.md").write_text(text)
     print(text)

@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=None,
                     help="use this η instead of the tuned one (e.g. to continue below η values that diverged)")
     ap.add_argument("--server-lr", type=float, default=None, help="global learning rate γ (default: the scheme's 1)")
+    ap.add_argument("--extra", nargs="*", default=[], help="more fedrun overrides, e.g. scheme.hashes=per_round")
     ap.add_argument("--extend", action="store_true",
                     help="tune: run only the next larger η for methods whose best η is the largest tried")
     ap.add_argument("--dry-run", action="store_true")
@@ -213,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.lr is not None:
         runs = [(f"{label} lr={args.lr:g}", [f"lr={args.lr:g}" if a.startswith("lr=") else a for a in ov])
                 for label, ov in runs]
+    if args.extra:
+        tag = " ".join(o.split(".")[-1] for o in args.extra)
+        runs = [(f"{label} {tag}", [*ov, *args.extra]) for label, ov in runs]
     if args.server_lr is not None:
         runs = [(f"{label} gamma={args.server_lr:g}", [*ov, f"scheme.server_lr={args.server_lr:g}"])
                 for label, ov in runs]
