@@ -36,6 +36,7 @@ def _tables(tmp_path, experiment: str) -> tuple[str, list[dict]]:
     from fedrun.report import mlflow_records
 
     records = TABLES["dedupe"](mlflow_records(uri, experiment))
+    TABLES["add_noise_history"](records, uri)
     return out.read_text(), records
 
 
