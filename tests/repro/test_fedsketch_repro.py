@@ -56,16 +56,17 @@ def test_ci_sized_figures_and_tables(shared_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_heaprix_50x100_learns_like_fedsgd_on_a_small_federation(shared_data, tmp_path):
-    """12× compression with little loss, CI-sized: 10 workers, 30 rounds, same η."""
+def test_heaprix_50x100_learns_like_uncompressed_fedavg_on_a_small_federation(shared_data, tmp_path):
+    """12× compression with little loss, CI-sized: 10 workers (5 per round), τ = 5, 30 rounds, same η and γ;
+    the uncompressed reference is FedAvg with the same τ (FedSKETCH with an exact decoder)."""
     from conftest import compose
 
     acc = {}
-    for name, overrides in (("fedsgd", ["scheme=fedsgd", "local_steps=1"]),
+    for name, overrides in (("fedavg", ["scheme=fl_std"]),
                             ("heaprix", ["scheme=fedsketch", "scheme.unsketch=heaprix", "scheme.rows=50",
-                                         "scheme.cols=100", "local_steps=1"])):
+                                         "scheme.cols=100"])):
         cfg = compose(["experiment=fedsketch_ci", f"data_root={shared_data}", "progress=off", "tracking=none",
-                       "rounds=30", "eval_every=30", "lr=0.3", *overrides])
+                       "rounds=30", "eval_every=30", "local_steps=5", "lr=0.1", *overrides])
         acc[name] = run(cfg, out_dir=tmp_path / name)["best_test_accuracy"]
-    assert acc["fedsgd"] > 0.7
-    assert acc["heaprix"] > acc["fedsgd"] - 0.1
+    assert acc["fedavg"] > 0.6, acc
+    assert acc["heaprix"] > acc["fedavg"] - 0.1, acc
