@@ -114,6 +114,10 @@ class LocalDP:
         self._round_weights: dict[int, float] = {}
         self._round_formula = 0.0
         self._round_std = 0.0
+        #: set (by make_local_dp) to the scheme's name to check, at every per-round ``epsilon()``, that the
+        #: scheme sent its uploads through ``privatize`` (schemes with their own round may not: no noise)
+        self.scheme_name: str | None = None
+        self._uploads = 0
 
     # -- noise -------------------------------------------------------------------------------------
     @property
@@ -140,6 +144,7 @@ class LocalDP:
                 log.warning("client %d takes part more often than the T_l=%d its noise was calibrated for; "
                             "its composed ε now exceeds the target", l, self.participations[l])
         self.counts[clients] += (self.sizes[clients] > 0)
+        self._uploads += 1
         if self.noiseless:
             return payload
         rows = []
@@ -206,7 +211,18 @@ class LocalDP:
         return active[np.argsort(score, kind="stable")]
 
     def epsilon(self) -> float:
-        """The worst client's ε composed so far from the noise actually added (basic composition / RDP)."""
+        """The worst client's ε composed so far from the noise actually added (basic composition / RDP).
+
+        With ``scheme_name`` set (runs built from a config), each call — once per round — also checks that
+        the round's uploads went through :meth:`privatize`; a scheme with its own round that bypasses the
+        hook would otherwise run without noise, so that is a ConfigError.
+        """
+        if self.scheme_name is not None:
+            if self._uploads == 0:
+                raise ConfigError(f"dp=local_{self.mechanism} adds noise to the uploads a scheme passes to "
+                                  f"sim.privatize_upload; scheme={self.scheme_name} has its own round and does "
+                                  f"not, so no noise was added; use scheme=ldp_fedavg or fl_std")
+            self._uploads = 0
         ranked = self._ranked_clients()
         return 0.0 if len(ranked) == 0 else self._client_epsilon(int(ranked[-1]))
 
@@ -314,10 +330,13 @@ def make_local_dp(c: dict, mode: str, sampler, parts: list[np.ndarray], spec: Lo
     participations = _participations(sampler, int(c["rounds"]), int(c["seed"]), mode)
     sizes = np.array([len(p) for p in parts], dtype=np.int64)
     try:
-        return LocalDP(mechanism, float(eps), float(spec.clip_norm), float(spec.lr), int(spec.steps),
-                       participations, sizes, delta=float(c["delta"]), clip_mode=spec.clip_mode,
-                       nonexpansive=sens == "paper", calibration=calibration, accountant=c.get("accountant", "rdp"))
+        dp = LocalDP(mechanism, float(eps), float(spec.clip_norm), float(spec.lr), int(spec.steps),
+                     participations, sizes, delta=float(c["delta"]), clip_mode=spec.clip_mode,
+                     nonexpansive=sens == "paper", calibration=calibration, accountant=c.get("accountant", "rdp"))
     except ConfigError:
         raise
     except ValueError as exc:
         raise ConfigError(f"dp={mode}: {exc}") from None
+    scheme = c.get("scheme", {})
+    dp.scheme_name = str(scheme.get("name") or str(scheme.get("_target_", "?")).rsplit(".", 1)[-1])
+    return dp
