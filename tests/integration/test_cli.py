@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 FEDRUN = [sys.executable, "-m", "fedrun.cli"]
-FAST = ["scheme=fl_std", "dp=false", "r=1.0", "rounds=2", "num_clients=10", "sample_rate=0.5", "local_steps=2",
+FAST = ["scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "lr=0.05", "rounds=2", "num_clients=10", "sample_rate=0.5", "local_steps=2",
         "progress=log"]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 FEDRUN = [sys.executable, "-m", "fedrun.cli"]
-ARGS = ["scheme=fl_std", "dp=false", "r=1.0", "dataset=mnist", "model=lenet5", "rounds=8", "num_clients=10", "sample_rate=0.5", "local_steps=2",
+ARGS = ["scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "lr=0.05", "batch_size=10", "dataset=mnist", "model=lenet5", "rounds=8", "num_clients=10", "sample_rate=0.5", "local_steps=2",
         "progress=log", "checkpoint_every=1"]
 
 
