@@ -116,7 +116,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
     if cfg.get("epsilon") is not None:
         eps = _num(cfg, "epsilon")
         if not eps > 0:
-            raise ConfigError(f"epsilon={cfg['epsilon']} must be > 0 (use .inf for no noise)")
+            raise ConfigError(f"epsilon={cfg['epsilon']} must be > 0 (epsilon=inf for no noise)")
     if cfg.get("noise_multiplier") is not None and not _num(cfg, "noise_multiplier") >= 0:
         raise ConfigError(f"noise_multiplier={cfg['noise_multiplier']} must be >= 0")
     if not _num(cfg, "clipping_norm") > 0:
