@@ -86,7 +86,7 @@ def make_partition(c: dict, dataset, y_train: np.ndarray, groups: np.ndarray | N
     p = c["partition"]
     try:
         if name in ("writers", "state"):
-            return partitioners.by_group(groups, num_clients, rng), name
+            return partitioners.by_group(groups, num_clients, rng, copies=int(p.get("copies", 1))), name
         if num_clients is None:
             raise ConfigError(f"partition={name} needs num_clients")
         if name == "iid":

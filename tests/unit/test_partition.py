@@ -186,6 +186,15 @@ def test_by_group_merges_balanced_and_deterministic():
     assert all(np.array_equal(a, b) for a, b in zip(parts, by_group(g, 2, rng(123))))
 
 
+def test_by_group_copies_repeat_every_client():
+    g = np.array([3, 1, 3, 2, 1, 3])
+    assert [p.tolist() for p in by_group(g, copies=3)] == [[1, 4], [3], [0, 2, 5]] * 3
+    merged = by_group(g, 2)
+    assert [p.tolist() for p in by_group(g, 2, copies=2)] == [p.tolist() for p in merged] * 2
+    with pytest.raises(ValueError, match=r"copies=0; expected an integer >= 1"):
+        by_group(g, copies=0)
+
+
 def test_by_group_too_many_clients_names_group_count():
     with pytest.raises(ValueError, match=r"num_clients=4 is more than the 3 groups"):
         by_group(np.array([0, 1, 2, 2]), 4)
