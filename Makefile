@@ -35,7 +35,8 @@ test-slow: install
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
 bench: install
-	$(BIN)/python scripts/bench_training.py
+	$(BIN)/python scripts/bench_training.py speed --out results/bench/speed.md
+	$(BIN)/python scripts/bench_training.py memory --out results/bench/memory.md
 
 ui: install
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --port $${PORT:-5000}
