@@ -398,7 +398,8 @@ def cmd_table(args: argparse.Namespace) -> int:
     times = run_times(uri, [x["run_id"] for x in rows])
     run_seconds = sum(end - start for start, end in times.values()) / 1e3
     span = (max(end for _, end in times.values()) - min(start for start, _ in times.values())) / 1e3
-    notes = args.notes.read_text() if args.notes else ""
+    notes_file = args.notes or (None if args.ci else REPO / "results" / "kerkouche21" / "table3_notes.md")
+    notes = notes_file.read_text() if notes_file is not None and notes_file.exists() else ""
     timing = (f"Runs: {len(rows)} finished runs in MLflow experiment `{texp}` ({uri}). Wall time from the first "
               f"run's start to the last run's end: {span / 3600:.2f} h; the runs' own durations sum to "
               f"{run_seconds / 3600:.2f} h (runs went in parallel). Machine: {machine()}.")
@@ -426,7 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--experiment", default=None, help="MLflow experiment (default: the config's tracking.experiment)")
     t.add_argument("--tracking-uri", default=None)
     t.add_argument("--out", default=str(REPO / "results" / "kerkouche21" / "table3.md"))
-    t.add_argument("--notes", type=Path, default=None, help="markdown appended below the claims")
+    t.add_argument("--notes", type=Path, default=None,
+                   help="markdown appended below the claims (default: results/kerkouche21/table3_notes.md, "
+                        "not with --ci)")
     args = ap.parse_args(argv)
     return cmd_run(args) if args.cmd == "run" else cmd_table(args)
 

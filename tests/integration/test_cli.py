@@ -74,6 +74,29 @@ def test_default_run_logs_to_sqlite_in_cwd(tmp_path, shared_data):
     assert "round 2/2" in p.stdout + p.stderr  # plain log lines when not a terminal
 
 
+def test_default_experiment_is_fl_cs_with_client_level_dp(tmp_path, shared_data):
+    """`fedrun` with no arguments runs kerkouche21_default: FL-CS r = 0.05 + client-level DP (here cut to 2 rounds
+    of a 600-client federation) and logs accuracy, bytes, the paper's cost and ε."""
+    from mlflow.tracking import MlflowClient
+
+    p = fedrun(["rounds=2", "num_clients=600", "eval_every=1", f"data_root={shared_data}"], tmp_path,
+               {"MLFLOW_TRACKING_URI": ""})
+    assert p.returncode == 0, p.stderr
+    assert "make ui" in p.stdout and "MLflow run" in p.stdout
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("fedrun").experiment_id])
+    assert run.data.tags["scheme"] == "fl_cs" and run.data.tags["dataset"] == "fashion_mnist"
+    assert run.data.params["r"] == "0.05" and run.data.params["dp"] == "True"
+    for key in ("test_accuracy", "uplink_bytes", "cost_bits", "epsilon"):
+        assert len(client.get_metric_history(run.info.run_id, key)) == 2, key
+    m = int(run.data.tags["compression.m"])
+    assert m == 5716  # ceil(0.05 · 114,314) DCT coefficients (P = 4 chunks of 1429)
+    ups = client.get_metric_history(run.info.run_id, "uplink_bytes")
+    clients = client.get_metric_history(run.info.run_id, "clients")
+    assert all(u.value == 4 * m * c.value for u, c in zip(ups, clients))
+    assert 0 < run.data.metrics["epsilon"] <= 1.0
+
+
 def test_parallel_sweep_loses_no_run(tmp_path, shared_data):
     """Four joblib jobs on a fresh SQLite store all appear, grouped under a parent run."""
     from mlflow.tracking import MlflowClient
