@@ -119,6 +119,17 @@ def bench_setting(name: str, args) -> dict:
             "best": best, "workers": vec.trainer.workers, "chunk": vec.trainer.chunk_size, "n": vec.n}
 
 
+def emit(lines: list[str], out: str | None) -> int:
+    """Print the table with the command that made it; also write it to ``out``."""
+    cmd = "python scripts/bench_training.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    text = "\n".join([*lines, "", f"Command: `{cmd}`"])
+    print(text)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
+    return 0
+
+
 def cmd_speed(args) -> int:
     names = list(SETTINGS) if args.settings == ["all"] else args.settings
     for name in names:
@@ -145,14 +156,7 @@ def cmd_speed(args) -> int:
                      f"{1 / ms:.2f} → {1 / r['vec']:.2f} | {ms / r['vec']:.2f}× |")
     lines += ["", "Settings (Hydra overrides; each also gets `tracking=none vectorized=true|false`):", ""]
     lines += [f"- `{r['name']}`: `{' '.join(r['overrides'])}`" for r in rows]
-    cmd = "python scripts/bench_training.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    lines += ["", f"Command: `{cmd}`"]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    return 0
+    return emit(lines, args.out)
 
 
 MEMORY_OVERRIDES = ["experiment=fu21_femnist", "dp=false", "scheme=fl_std", "partition.copies=2",
@@ -195,14 +199,8 @@ def cmd_memory(args) -> int:
         "|---:|---:|---:|---|",
     ]
     lines += [f"| {c} | {rss:.2f} | {wall:.0f} | {out} |" for c, rss, wall, out in rows]
-    lines += ["", "Overrides: `" + " ".join(MEMORY_OVERRIDES) + " chunk_size=<c>`", "",
-              "Command: `python scripts/bench_training.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]) + "`"]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    return 0
+    lines += ["", "Overrides: `" + " ".join(MEMORY_OVERRIDES) + " chunk_size=<c>`"]
+    return emit(lines, args.out)
 
 
 def main(argv=None) -> int:
