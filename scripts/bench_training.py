@@ -119,9 +119,10 @@ def bench_setting(name: str, args) -> dict:
             "best": best, "workers": vec.trainer.workers, "chunk": vec.trainer.chunk_size, "n": vec.n}
 
 
-def emit(lines: list[str], out: str | None) -> int:
-    """Print the table with the command that made it; also write it to ``out``."""
-    cmd = "python scripts/bench_training.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+def emit(lines: list[str], args) -> int:
+    """Print the table with the command that made it; also write it to ``args.out``."""
+    out = args.out
+    cmd = "python scripts/bench_training.py " + " ".join(shlex.quote(a) for a in args.argv)
     text = "\n".join([*lines, "", f"Command: `{cmd}`"])
     print(text)
     if out:
@@ -156,7 +157,7 @@ def cmd_speed(args) -> int:
                      f"{1 / ms:.2f} → {1 / r['vec']:.2f} | {ms / r['vec']:.2f}× |")
     lines += ["", "Settings (Hydra overrides; each also gets `tracking=none vectorized=true|false`):", ""]
     lines += [f"- `{r['name']}`: `{' '.join(r['overrides'])}`" for r in rows]
-    return emit(lines, args.out)
+    return emit(lines, args)
 
 
 MEMORY_OVERRIDES = ["experiment=fu21_femnist", "dp=false", "scheme=fl_std", "partition.copies=2",
@@ -200,7 +201,7 @@ def cmd_memory(args) -> int:
     ]
     lines += [f"| {c} | {rss:.2f} | {wall:.0f} | {out} |" for c, rss, wall, out in rows]
     lines += ["", "Overrides: `" + " ".join(MEMORY_OVERRIDES) + " chunk_size=<c>`"]
-    return emit(lines, args.out)
+    return emit(lines, args)
 
 
 def main(argv=None) -> int:
@@ -220,6 +221,7 @@ def main(argv=None) -> int:
     c = sub.add_parser("memory-child", parents=[common])
     c.add_argument("--chunk-size", type=int, required=True)
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     return {"speed": cmd_speed, "memory": cmd_memory, "memory-child": _memory_child}[args.cmd](args)

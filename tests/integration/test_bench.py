@@ -1,0 +1,34 @@
+"""scripts/bench_training.py (what `make bench` runs) on one small setting: both paths run the same rounds and the
+table reports their ratio; unknown settings are a clear error."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("bench_training", REPO / "scripts" / "bench_training.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_speed_table_for_one_setting(shared_data, tmp_path, capsys):
+    bench = _script()
+    out = tmp_path / "speed.md"
+    assert bench.main(["speed", "--settings", "fedsketch", "--rounds", "1", "--data-root", str(shared_data),
+                       "--out", str(out)]) == 0
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `fedsketch`"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    seq, vec, ratio = float(cells[2].split()[0]), float(cells[3]), float(cells[5].rstrip("×"))
+    assert seq > 0 and vec > 0 and abs(ratio - seq / vec) < 0.01
+    assert "experiment=fedsketch_homogeneous" in text and "Command: `python scripts/bench_training.py speed" in text
+
+
+def test_unknown_setting_is_named(capsys):
+    assert _script().main(["speed", "--settings", "nope"]) == 2
+    assert "unknown setting 'nope'" in capsys.readouterr().err
