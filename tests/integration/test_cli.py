@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 FEDRUN = [sys.executable, "-m", "fedrun.cli"]
-FAST = ["scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "lr=0.05", "rounds=2", "num_clients=10", "sample_rate=0.5", "local_steps=2",
+FAST = ["~experiment", "scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "lr=0.05", "rounds=2", "num_clients=10", "sample_rate=0.5", "local_steps=2",
         "progress=log"]
 
 
@@ -47,7 +47,7 @@ def test_unknown_scheme_is_hydras_error_listing_the_schemes(tmp_path):
     (["device=tpu"], "device='tpu' is not allowed"),
 ])
 def test_bad_values_give_one_clear_line(tmp_path, shared_data, args, message):
-    p = fedrun(["scheme=fl_std", "dp=false", "r=1.0"] + args + ["tracking=none", f"data_root={shared_data}"], tmp_path)
+    p = fedrun(["~experiment", "scheme=fl_std", "dp=false", "r=1.0"] + args + ["tracking=none", f"data_root={shared_data}"], tmp_path)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("fedrun: error:")]
@@ -56,7 +56,7 @@ def test_bad_values_give_one_clear_line(tmp_path, shared_data, args, message):
 
 def test_missing_data_names_every_place_searched(tmp_path):
     env = {"FEDRUN_DATA": str(tmp_path / "nowhere"), "FEDRUN_CACHE": str(tmp_path / "cache")}
-    p = fedrun(["scheme=fl_std", "dp=false", "dataset=mnist", "tracking=none", f"data_root={tmp_path / 'mydata'}"],
+    p = fedrun(["~experiment", "scheme=fl_std", "dp=false", "dataset=mnist", "tracking=none", f"data_root={tmp_path / 'mydata'}"],
                tmp_path, env)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "not found" in p.stderr
@@ -101,7 +101,7 @@ def test_parallel_sweep_loses_no_run(tmp_path, shared_data):
     """Four joblib jobs on a fresh SQLite store all appear, grouped under a parent run."""
     from mlflow.tracking import MlflowClient
 
-    p = fedrun(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4", "seed=0,1,2,3", "dataset=lending_club",
+    p = fedrun(["-m", "~experiment", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4", "seed=0,1,2,3", "dataset=lending_club",
                 "local_mode=gd", "lr=0.3", "progress=off", f"data_root={shared_data}"] + FAST, tmp_path,
                {"MLFLOW_TRACKING_URI": "", "OMP_NUM_THREADS": "1"}, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -76,7 +76,7 @@ def _one_thread():
 
 
 def cfg(env, scheme: str, *extra: str) -> dict:
-    c = compose([f"scheme={scheme}", "dataset=mnist", "model=lenet5", "partition=iid", f"num_clients={CLIENTS}",
+    c = compose(["~experiment", f"scheme={scheme}", "dataset=mnist", "model=lenet5", "partition=iid", f"num_clients={CLIENTS}",
                  "sampler=uniform", f"clients_per_round={PER_ROUND}", f"rounds={ROUNDS}", "local_mode=gd",
                  "local_steps=2", "lr=0.1", "tracking=none", "progress=off", f"data_root={env['data']}",
                  "scheme.source_dataset=femnist", "scheme.cut_layer=9", "scheme.source_epochs=1",

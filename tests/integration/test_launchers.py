@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 FEDRUN = [sys.executable, "-m", "fedrun.cli"]
-TINY = ["scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "dataset=lending_club", "local_mode=gd", "lr=0.3", "rounds=2",
+TINY = ["~experiment", "scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "dataset=lending_club", "local_mode=gd", "lr=0.3", "rounds=2",
         "num_clients=10", "sample_rate=0.5", "progress=off"]
 
 

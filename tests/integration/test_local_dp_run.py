@@ -15,7 +15,7 @@ from fedrun.config import ConfigError
 from fedrun.run import build, run
 
 # 10 clients (states merged by size), 5 per round, round robin: every client takes part every 2 rounds.
-LDP = ["dataset=lending_club", "scheme=ldp_fedavg", "sampler=round_robin", "clients_per_round=5", "num_clients=10",
+LDP = ["~experiment", "dataset=lending_club", "scheme=ldp_fedavg", "sampler=round_robin", "clients_per_round=5", "num_clients=10",
        "local_mode=gd", "local_steps=2", "rounds=4", "lr=0.1", "local_clip=150", "local_clip_ord=1",
        "tracking=none", "progress=off"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 FEDRUN = [sys.executable, "-m", "fedrun.cli"]
-ARGS = ["scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "lr=0.05", "batch_size=10", "dataset=mnist", "model=lenet5", "rounds=8", "num_clients=10", "sample_rate=0.5", "local_steps=2",
+ARGS = ["~experiment", "scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "lr=0.05", "batch_size=10", "dataset=mnist", "model=lenet5", "rounds=8", "num_clients=10", "sample_rate=0.5", "local_steps=2",
         "progress=log", "checkpoint_every=1"]
 
 
@@ -99,7 +99,7 @@ def test_sigterm_saves_marks_killed_and_says_how_to_resume(tmp_path, shared_data
 
 
 def test_divergence_stops_keeps_metrics_and_marks_failed(tmp_path, shared_data):
-    p = subprocess.run(FEDRUN + ["scheme=fl_std", "dp=false", "dataset=lending_club", "local_mode=gd", "lr=5", "rounds=20", "sampler=all",
+    p = subprocess.run(FEDRUN + ["~experiment", "scheme=fl_std", "dp=false", "dataset=lending_club", "local_mode=gd", "lr=5", "rounds=20", "sampler=all",
                                  "progress=log"], cwd=tmp_path, env=_env(shared_data), capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 1 and "diverged" in p.stderr and "Traceback" not in p.stderr
