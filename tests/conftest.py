@@ -7,7 +7,9 @@ with a message when neither holds the files.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,18 @@ def fast_cfg(shared_data):
         return compose(FAST + [f"data_root={shared_data}", *overrides])
 
     return make
+
+
+@pytest.fixture
+def load_script(monkeypatch):
+    """``load_script("name")``: ``scripts/name.py`` imported as a module (the scripts are CLIs, not a package);
+    registered in ``sys.modules`` for the test, which dataclasses in a script need."""
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, mod)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

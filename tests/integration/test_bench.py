@@ -3,21 +3,9 @@ table reports their ratio; unknown settings are a clear error."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("bench_training", REPO / "scripts" / "bench_training.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_speed_table_for_one_setting(shared_data, tmp_path, capsys):
-    bench = _script()
+def test_speed_table_for_one_setting(shared_data, tmp_path, capsys, load_script):
+    bench = load_script("bench_training")
     out = tmp_path / "speed.md"
     assert bench.main(["speed", "--settings", "fedsketch", "--rounds", "1", "--data-root", str(shared_data),
                        "--out", str(out)]) == 0
@@ -29,6 +17,6 @@ def test_speed_table_for_one_setting(shared_data, tmp_path, capsys):
     assert "experiment=fedsketch_homogeneous" in text and "Command: `python scripts/bench_training.py speed" in text
 
 
-def test_unknown_setting_is_named(capsys):
-    assert _script().main(["speed", "--settings", "nope"]) == 2
+def test_unknown_setting_is_named(capsys, load_script):
+    assert load_script("bench_training").main(["speed", "--settings", "nope"]) == 2
     assert "unknown setting 'nope'" in capsys.readouterr().err

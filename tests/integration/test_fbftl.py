@@ -9,7 +9,6 @@ f¹ 50,692 parameters, f² 11,014, N⁻ = 120 features).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from fedrun.run import build, run
 from fedrun.tracking import NullTracker
 from fedrun.transfer import server as srv
 
-from conftest import REPO, compose
+from conftest import compose
 
 F1, F2, N_FEAT, TOTAL = 50_692, 11_014, 120, 61_706
 N_TRAIN, N_TEST = 3000, 500
@@ -291,13 +290,6 @@ def test_cli_reports_a_bad_cut_layer_in_one_line(shared_data, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ CI-sized results table
-def _table_module():
-    spec = importlib.util.spec_from_file_location("fbftl_table", REPO / "scripts" / "fbftl_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 class RecordsTracker(NullTracker):
     """In-memory tracker giving the flat records fedrun.report.mlflow_records gives (params.*, tags.*,
     metrics.* = the value at the last step) and the metric histories the table script reads."""
@@ -346,12 +338,12 @@ def _check_table(text: str) -> None:
         assert 0 <= float(r[9]) <= 1 and r[11].strip() == "2"
 
 
-def test_ci_sized_comparison_table(env, tmp_path):
+def test_ci_sized_comparison_table(env, tmp_path, load_script):
     """The results pipeline at CI size: four runs through run(cfg) → records → scripts/fbftl_table.py."""
     tracker = RecordsTracker()
     for scheme in ("fl", "ftl_full", "ftl_c", "fbftl"):
         run(cfg(env, scheme, "eval_every=2"), tracker=tracker, out_dir=tmp_path / scheme)
-    table = _table_module()
+    table = load_script("fbftl_table")
     pairs = table.build_rows(tracker.records, tracker.histories)
     assert list(pairs) == ["FEMNIST → MNIST"]
     text = table.render(pairs, "fedrun -m experiment=... (CI)")
@@ -360,13 +352,13 @@ def test_ci_sized_comparison_table(env, tmp_path):
 
 
 @pytest.mark.slow
-def test_ci_sized_comparison_table_from_mlflow(env, tmp_path):
+def test_ci_sized_comparison_table_from_mlflow(env, tmp_path, load_script):
     from fedrun.tracking import MlflowTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for scheme in ("fl", "ftl_full", "ftl_c", "fbftl"):
         run(cfg(env, scheme, "eval_every=2"), tracker=MlflowTracker(uri, "fbftl-ci"), out_dir=tmp_path / scheme)
     out = tmp_path / "table.md"
-    assert _table_module().main(["--tracking-uri", uri, "--experiment", "fbftl-ci", "--out", str(out),
+    assert load_script("fbftl_table").main(["--tracking-uri", uri, "--experiment", "fbftl-ci", "--out", str(out),
                                  "--command", "fedrun -m experiment=... (CI)"]) == 0
     _check_table(out.read_text())

@@ -7,24 +7,14 @@ CI-sized sweep of the whole table is tests/repro/test_kerkouche21_repro.py (slow
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
 from fedrun.config import ConfigError
 from fedrun.run import build, run
 
-REPO = Path(__file__).resolve().parents[2]
 N = 114_314  # fashion_cnn
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("kerkouche21_table3", REPO / "scripts" / "kerkouche21_table3.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_fl_cs_r005_dp_logs_accuracy_bytes_cost_and_epsilon(fast_cfg, tmp_path):
@@ -58,14 +48,14 @@ def test_bad_values_are_one_line_config_errors(fast_cfg, overrides, message):
         build(OmegaConf.to_container(fast_cfg(*overrides), resolve=True))
 
 
-def test_table3_experiment_resolves_every_run_of_the_sweep():
+def test_table3_experiment_resolves_every_run_of_the_sweep(load_script):
     """Every (scheme, r, dp) of the sweep composes with its S and validates (no data needed)."""
     from conftest import compose
     from omegaconf import OmegaConf
 
     from fedrun.config import validate
 
-    script = _script()
+    script = load_script("kerkouche21_table3")
     clip = script.clipping_norms("kerkouche21_table3")
     assert len(script.runs()) == 20
     for scheme, r, dp in script.runs():
@@ -78,8 +68,8 @@ def test_table3_experiment_resolves_every_run_of_the_sweep():
             assert c["scheme"]["r"] == r
 
 
-def test_table_and_claims_from_records():
-    script = _script()
+def test_table_and_claims_from_records(load_script):
+    script = load_script("kerkouche21_table3")
 
     def rec(scheme, r, dp, acc, rnd=100.0, start=0):
         m = math.ceil(r * N)

@@ -8,9 +8,7 @@ claims that hold on our data (see results/fbftl/README.md). Slow: about 5 minute
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,13 +17,12 @@ from fedrun.report import mlflow_records
 from fedrun.run import run
 from fedrun.tracking import MlflowTracker
 
-REPO = Path(__file__).resolve().parents[2]
 SCHEMES = ("fl", "ftl_full", "ftl_c", "fbftl")
 ROUNDS = 30
 
 
 @pytest.mark.slow
-def test_mnist_to_fashion_claims(shared_data, tmp_path, monkeypatch):
+def test_mnist_to_fashion_claims(shared_data, tmp_path, monkeypatch, load_script):
     from conftest import compose
 
     monkeypatch.setenv("FEDRUN_CACHE", str(tmp_path / "cache"))
@@ -53,9 +50,7 @@ def test_mnist_to_fashion_claims(shared_data, tmp_path, monkeypatch):
     assert m["fbftl"]("best_test_accuracy") > m["ftl_c"]("best_test_accuracy")  # server SGD: many more steps
     assert m["fbftl"]("best_test_accuracy") > 0.72
 
-    spec = importlib.util.spec_from_file_location("fbftl_table", REPO / "scripts" / "fbftl_table.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    table = load_script("fbftl_table")
     out = tmp_path / "table.md"
     assert table.main(["--tracking-uri", uri, "--experiment", "fbftl-repro", "--out", str(out)]) == 0
     text = out.read_text()

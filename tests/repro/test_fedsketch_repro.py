@@ -6,7 +6,6 @@ fresh MLflow store, then the results pipeline (scripts/fedsketch_report.py) on i
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ CI_METHODS = [  # (MLflow experiment, overrides)
 
 
 @pytest.mark.slow
-def test_ci_sized_figures_and_tables(shared_data, tmp_path):
+def test_ci_sized_figures_and_tables(shared_data, tmp_path, load_script):
     from conftest import compose
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -42,9 +41,7 @@ def test_ci_sized_figures_and_tables(shared_data, tmp_path):
         cfg = compose(["experiment=fedsketch_ci", f"data_root={shared_data}", "progress=off", *overrides])
         summary = run(cfg, tracker=MlflowTracker(uri, experiment), out_dir=tmp_path / f"run{i}")
         assert summary["rounds_completed"] == 3
-    spec = importlib.util.spec_from_file_location("fedsketch_report", REPO / "scripts" / "fedsketch_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = load_script("fedsketch_report")
     out = tmp_path / "results"
     assert report.main(["--tracking-uri", uri, "--out-dir", str(out)]) == 0
     text = (out / "fedsketch.md").read_text()

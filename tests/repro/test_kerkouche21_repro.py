@@ -7,30 +7,19 @@ run is a fedrun process: ~15–60 s on the loaded 2-core machine).
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("kerkouche21_table3", REPO / "scripts" / "kerkouche21_table3.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 @pytest.mark.slow
-def test_ci_sized_table3_sweep_and_table(shared_data, tmp_path, monkeypatch):
+def test_ci_sized_table3_sweep_and_table(shared_data, tmp_path, monkeypatch, load_script):
     from mlflow.tracking import MlflowClient
 
     from fedrun.report import mlflow_records
 
     monkeypatch.setenv("FEDRUN_DATA", str(shared_data))
     monkeypatch.chdir(tmp_path)  # MLflow's artifact folder (./mlruns) goes here
-    script = _script()
+    script = load_script("kerkouche21_table3")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert script.main(["run", "--ci", "--jobs", "2", "--tracking-uri", uri, "--outputs", str(tmp_path / "out")]) == 0
     records = [r for r in mlflow_records(uri, "kerkouche21-ci") if r["status"] == "FINISHED"]

@@ -257,15 +257,8 @@ def test_validation_errors(call, match):
 
 
 # ------------------------------------------------------------------------------------------------ script
-def test_leakage_table_script(tmp_path, capsys, monkeypatch):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "leakage_table.py"
-    spec = importlib.util.spec_from_file_location("leakage_table", path)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "leakage_table", mod)  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
+def test_leakage_table_script(tmp_path, capsys, load_script):
+    mod = load_script("leakage_table")
     out = tmp_path / "t.md"
     mod.main(["--num-classes", "2", "--batch-sizes", "1", "--num-clients", "1", "2", "--out", str(out)])
     text = out.read_text()

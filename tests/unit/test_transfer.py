@@ -276,18 +276,8 @@ def test_scheme_constructor_errors():
 
 
 # ------------------------------------------------------------------------------------ the table script
-def _table():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "fbftl_table.py"
-    spec = importlib.util.spec_from_file_location("fbftl_table", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_table_bits_and_first_round_reaching_a_target():
-    t = _table()
+def test_table_bits_and_first_round_reaching_a_target(load_script):
+    t = load_script("fbftl_table")
     assert [t.bits(v) for v in (512, 3848, 2.31e8, 2.01e10, 3.216e15)] == ["512 b", "3.85 kb", "231 Mb", "20.1 Gb",
                                                                            "3.22e+03 Tb"]
     assert t.bits(None) == t.bits(float("nan")) == "–"
