@@ -41,6 +41,22 @@ def _overrides() -> str:
         return ""
 
 
+def _default_experiment_hint() -> str:
+    """Where a bad value may come from: the default experiment, when the command line did not choose one."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        chosen = hc.runtime.choices.get("experiment")
+        named = any(o.lstrip("~+").split("=")[0] == "experiment" for o in hc.overrides.task)
+    except ValueError:
+        return ""
+    if not chosen or chosen == "null" or named:
+        return ""
+    return (f" (values not on the command line come from the default experiment={chosen}, "
+            f"conf/experiment/{chosen}.yaml; override them, or add '~experiment' for the plain defaults)")
+
+
 def _multirun() -> bool:
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -72,7 +88,10 @@ def main(cfg: DictConfig) -> float | None:
     try:
         tracker = _tracker(cfg)
         summary = run(cfg, tracker=tracker, out_dir=_output_dir())
-    except (ConfigError, DataNotFoundError, DataIntegrityError, ConnectionError) as exc:
+    except ConfigError as exc:
+        print(f"fedrun: error: {exc}{_default_experiment_hint()}", file=sys.stderr)
+        sys.exit(2)
+    except (DataNotFoundError, DataIntegrityError, ConnectionError) as exc:
         print(f"fedrun: error: {exc}", file=sys.stderr)
         sys.exit(2)
     except RunDiverged as exc:

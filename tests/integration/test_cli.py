@@ -97,6 +97,18 @@ def test_default_experiment_is_fl_cs_with_client_level_dp(tmp_path, shared_data)
     assert 0 < run.data.metrics["epsilon"] <= 1.0
 
 
+def test_a_bad_value_from_the_default_experiment_says_where_it_came_from(tmp_path, shared_data):
+    p = fedrun(["dataset=lending_club", "tracking=none", f"data_root={shared_data}"], tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("fedrun: error:")]
+    assert "num_clients=6000 is more than the 50 groups" in line
+    assert "default experiment=kerkouche21_default" in line and "'~experiment'" in line
+    chosen = fedrun(["experiment=kerkouche21_default", "dataset=lending_club", "tracking=none",
+                     f"data_root={shared_data}"], tmp_path)
+    assert chosen.returncode == 2 and "num_clients=6000" in chosen.stderr
+    assert "default experiment" not in chosen.stderr  # chosen on the command line: no hint
+
+
 def test_parallel_sweep_loses_no_run(tmp_path, shared_data):
     """Four joblib jobs on a fresh SQLite store all appear, grouped under a parent run."""
     from mlflow.tracking import MlflowClient

@@ -280,7 +280,7 @@ def test_bad_transfer_settings_are_config_errors(env, extra, message, monkeypatc
 
 @pytest.mark.slow
 def test_cli_reports_a_bad_cut_layer_in_one_line(shared_data, tmp_path):
-    p = subprocess.run([sys.executable, "-m", "fedrun.cli", "scheme=fbftl", "dataset=femnist", "model=femnist_cnn",
+    p = subprocess.run([sys.executable, "-m", "fedrun.cli", "~experiment", "scheme=fbftl", "dataset=femnist", "model=femnist_cnn",
                         "scheme.cut_layer=5", "tracking=none", f"data_root={shared_data}"], cwd=tmp_path,
                        env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=600)
     assert p.returncode == 2 and "Traceback" not in p.stderr
