@@ -7,6 +7,7 @@ turns finished MLflow runs into flat records (``params.*``, ``metrics.*``, ``tag
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -22,6 +23,14 @@ class Column:
     def cell(self, record: dict[str, Any]) -> str:
         value = self.key(record) if callable(self.key) else record.get(self.key)
         return fmt(value, self.fmt)
+
+
+def save(text: str, path: str | Path) -> Path:
+    """Write a generated table to ``path``, creating its folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
 
 
 def fmt(value: Any, spec: str = "{}") -> str:

@@ -126,8 +126,9 @@ def emit(lines: list[str], args) -> int:
     text = "\n".join([*lines, "", f"Command: `{cmd}`"])
     print(text)
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text + "\n")
+        from fedrun.report import save
+
+        save(text + "\n", out)
     return 0
 
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedrun.report import Column, markdown_table, mlflow_records
+from fedrun.report import Column, markdown_table, mlflow_records, save
 from fedrun.tracking import resolve_uri
 
 SCHEMES = ("fl", "ftl_full", "ftl_c", "fbftl")
@@ -187,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = build_rows(list(runs.values()), histories, args.target)
     text = render(pairs, args.command, args.notes.read_text() if args.notes else "")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        save(text, args.out)
     else:
         print(text)
     return 0

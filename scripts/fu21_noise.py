@@ -138,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parts.append(f"\n({time.perf_counter() - t0:.0f} s)\n")
     text = "\n".join(parts)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        from fedrun.report import save
+
+        save(text, args.out)
     print(text)
     return 0
 

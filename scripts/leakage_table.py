@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrun.report import save
 from fedrun.transfer import leakage as lk
 
 
@@ -123,8 +124,7 @@ def main(argv: list[str] | None = None) -> None:
                        num_samples=args.num_samples, seed=args.seed)
     print(text, end="")
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        save(text, args.out)
 
 
 if __name__ == "__main__":

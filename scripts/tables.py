@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedrun.report import Column, markdown_table, mlflow_records, with_command
+from fedrun.report import Column, markdown_table, mlflow_records, save, with_command
 from fedrun.tracking import resolve_uri
 
 DEFAULT_COLUMNS = [
@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(records, cols, sort_by=lambda r: (r.get("tags.dataset", ""), r.get("params.seed", "")))
     text = with_command(args.title, args.command, table) if args.command else table
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        save(text, args.out)
     else:
         print(text)
     return 0
