@@ -96,15 +96,20 @@ def test_fedsketch_heaprix_exact_matches_dense_reference():
     np.testing.assert_allclose(sim.params.numpy(), p0.numpy() - 1.5 * phi, atol=1e-5)
 
 
+def assert_same_trajectory(a, b, rounds: int) -> None:
+    """Run both simulations round by round; their global models agree after every round."""
+    for rnd in range(1, rounds + 1):
+        for sim in (a, b):
+            sim.ledger.start_round()
+            sim.scheme.round(sim, rnd, sim.select(rnd))
+        assert torch.allclose(a.params, b.params, atol=1e-6), f"round {rnd}"
+
+
 def test_fedsketch_heaprix_with_all_coordinates_heavy_is_fedavg():
     """m = d: every coordinate's exact average travels, so FedSKETCH-HEAPRIX = FedAvg with server lr γ."""
     a = make_sim(FedSketch("heaprix", rows=1, cols=DIM, num_heavy=DIM, server_lr=0.8), steps=3)
     b = make_sim(FedAvg(server_lr=0.8), steps=3)
-    for rnd in (1, 2, 3):
-        for sim in (a, b):
-            sim.ledger.start_round()
-            sim.scheme.round(sim, rnd, sim.select(rnd))
-        assert torch.allclose(a.params, b.params, atol=1e-6)
+    assert_same_trajectory(a, b, rounds=3)
 
 
 def test_fedsketch_sketch_only_heaprix_equals_operator():
@@ -216,11 +221,7 @@ def test_sketchedsgd_with_every_coordinate_heavy_is_fedsgd():
     """m = d: all of v_j is applied and reset each round, momentum included, so the update is FedSGD's."""
     a = make_sim(SketchedSGD(rows=1, cols=DIM, num_heavy=DIM, momentum=0.9, server_lr=0.5), steps=1)
     b = make_sim(FedSGD(server_lr=0.5), steps=1)
-    for rnd in (1, 2, 3):
-        for sim in (a, b):
-            sim.ledger.start_round()
-            sim.scheme.round(sim, rnd, sim.select(rnd))
-        assert torch.allclose(a.params, b.params, atol=1e-6)
+    assert_same_trajectory(a, b, rounds=3)
 
 
 # small sketches often give tied |estimates| (coordinates whose median picks the same bin); with these seeds the
