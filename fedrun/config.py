@@ -14,7 +14,11 @@ class ConfigError(ValueError):
 
 
 DP_MODES = {False: "off", True: "client", "false": "off", "true": "client", "client": "client",
-            "off": "off", "none": "off", "local_laplace": "local_laplace", "local_gaussian": "local_gaussian"}
+            "off": "off", "none": "off", "local_laplace": "local_laplace", "local_gaussian": "local_gaussian",
+            "auto": "auto"}
+#: the value written back into the config for each resolved mode (what a user would type)
+DP_VALUES = {"off": False, "client": True, "local_laplace": "local_laplace", "local_gaussian": "local_gaussian"}
+DEFAULT_EPSILON = 1.0  # paper 000's budget: the ε used when DP is on and neither epsilon nor noise_multiplier is given
 PARTITIONS = ("iid", "shards", "dirichlet", "writers", "state")
 DEVICES = ("cpu", "cuda", "auto")
 PROGRESS = ("auto", "bar", "log", "off")
@@ -39,7 +43,7 @@ def _int(cfg: Mapping[str, Any], key: str, minimum: int) -> int:
 def dp_mode(value: Any) -> str:
     key = value.lower() if isinstance(value, str) else value
     if key not in DP_MODES:
-        raise ConfigError(f"dp={value!r} is not allowed; use false, true (client-level), local_laplace or "
+        raise ConfigError(f"dp={value!r} is not allowed; use auto, false, true (client-level), local_laplace or "
                           f"local_gaussian")
     return DP_MODES[key]
 
@@ -119,12 +123,16 @@ def validate(cfg: Mapping[str, Any]) -> None:
             raise ConfigError(f"epsilon={cfg['epsilon']} must be > 0 (epsilon=inf for no noise)")
     if cfg.get("noise_multiplier") is not None and not _num(cfg, "noise_multiplier") >= 0:
         raise ConfigError(f"noise_multiplier={cfg['noise_multiplier']} must be >= 0")
-    if not _num(cfg, "clipping_norm") > 0:
+    if cfg.get("clipping_norm") is not None and not _num(cfg, "clipping_norm") > 0:
         raise ConfigError(f"clipping_norm={cfg['clipping_norm']} must be > 0")
+    if cfg.get("local_clip_ord") not in (1, 2):
+        raise ConfigError(f"local_clip_ord={cfg.get('local_clip_ord')!r} is not allowed; use 1 or 2")
     if cfg.get("accountant") not in ACCOUNTANTS:
         raise ConfigError(f"accountant={cfg.get('accountant')!r} is not allowed; use rdp or pld")
     if mode == "client" and cfg.get("epsilon") is None and cfg.get("noise_multiplier") is None:
         raise ConfigError("dp=true needs a budget: give epsilon=... (σ is calibrated) or noise_multiplier=...")
+    if mode == "client" and cfg.get("clipping_norm") is None:
+        raise ConfigError("dp=true needs clipping_norm=S (the L2 clip of each client's transmitted vector)")
     part = cfg.get("partition", {}).get("name")
     if part not in PARTITIONS + ("auto",):
         raise ConfigError(f"partition={part!r} is unknown; allowed: {', '.join(PARTITIONS)}")
@@ -142,3 +150,108 @@ def check_partition(dataset: Mapping[str, Any], partition: str) -> None:
     if name == "lending_club" and partition in ("shards", "dirichlet"):
         raise ConfigError(f"partition={partition} needs class labels; dataset=lending_club is a regression task; "
                           f"allowed: iid, state")
+
+
+# ------------------------------------------------------------------------------------------ defaults
+def tuned_clipping_norm(table: Mapping[str, Any] | None, scheme: str, r: float) -> float | None:
+    """S from a model's table (conf/model/*.yaml ``clipping_norm``): ``{scheme: S}`` for any r, or
+    ``{scheme: {"r": S}}`` per compression ratio. None where the table has no entry for (scheme, r)."""
+    entry = (table or {}).get(scheme)
+    if entry is None or isinstance(entry, (int, float)):
+        return None if entry is None else float(entry)
+    for key, value in entry.items():
+        if math.isclose(float(key), float(r), rel_tol=1e-9):
+            return float(value)
+    return None
+
+
+def _scheme_name(c: Mapping[str, Any]) -> str:
+    return str(c["scheme"].get("name") or str(c["scheme"].get("_target_", "?")).rsplit(".", 1)[-1])
+
+
+def _model_name(c: Mapping[str, Any]) -> str:
+    name = c["model"]["name"]
+    return c["dataset"]["default_model"] if name == "auto" else name
+
+
+def check_pair(c: Mapping[str, Any], scheme_cls: type) -> None:
+    """Refuse a dataset × scheme pair that does not make sense, in one line naming the pair."""
+    ds, scheme = c["dataset"]["name"], _scheme_name(c)
+    task = c["dataset"].get("task", "classification")
+    if getattr(scheme_cls, "needs_image_source", False) and task == "regression":
+        raise ConfigError(f"scheme={scheme} does not apply to dataset={ds}: it transfers layers of a model "
+                          f"pre-trained on an image dataset, and dataset={ds} is a {task} on tabular features")
+    if getattr(scheme_cls, "compresses", False) and task == "regression":
+        raise ConfigError(f"scheme={scheme} does not apply to dataset={ds}: its model ({_model_name(c)}, one "
+                          f"weight per feature) is too small to compress; use scheme=fl_std or ldp_fedavg")
+
+
+def resolve_defaults(c: dict[str, Any], scheme_cls: type, model_table: Mapping[str, Any] | None = None) -> list[str]:
+    """Fill, in place, the values that follow from the dataset, model and scheme; return notes for the user.
+
+    Runs before any data is loaded. ``scheme_cls`` declares ``dp_modes`` (a subset of off/client/local),
+    ``compresses`` and ``needs_image_source``; ``model_table`` is the chosen model's config (its tuned
+    ``clipping_norm`` table and ``local_clip``). ``dp=auto`` becomes client-level DP where the scheme takes it,
+    the sampler is Poisson and the model has a tuned S for (scheme, r), else off (with a note saying why). An
+    explicit DP mode the scheme does not take is refused in one line naming the scheme and its modes.
+    """
+    check_pair(c, scheme_cls)
+    notes: list[str] = []
+    scheme, model = _scheme_name(c), _model_name(c)
+    model_table = model_table if model_table is not None else c.get("model", {})
+    modes = tuple(getattr(scheme_cls, "dp_modes", ("off", "client", "local")))
+    mode = dp_mode(c.get("dp"))
+    r = float(c.get("r") or 1.0)
+    tuned = tuned_clipping_norm(model_table.get("clipping_norm"), scheme, r)
+    poisson = str(c.get("sampler", {}).get("_target_", "")).endswith("PoissonSampler")
+    if mode == "auto":
+        if "client" not in modes:
+            reason = f"scheme={scheme} takes {_modes_text(modes)}"
+        elif not poisson:
+            reason = "client-level DP's accountant needs sampler=poisson"
+        elif c.get("clipping_norm") is None and tuned is None:
+            reason = (f"model={model} has no clipping norm S tuned for scheme={scheme} at r={r:g} "
+                      f"(conf/model/{model}.yaml); give clipping_norm=S dp=true for client-level DP")
+        else:
+            reason = None
+        mode = "off" if reason else "client"
+        if reason:
+            notes.append(f"dp=auto: no DP — {reason}")
+    elif mode != "off" and mode.split("_")[0] not in modes:
+        raise ConfigError(f"dp={_typed(c.get('dp'))} is not available with scheme={scheme}: it takes "
+                          f"{_modes_text(modes)}")
+    c["dp"] = DP_VALUES[mode]
+    if mode != "off" and c.get("epsilon") is None and c.get("noise_multiplier") is None:
+        c["epsilon"] = DEFAULT_EPSILON
+    if mode == "client":
+        if c.get("clipping_norm") is None and tuned is not None:
+            c["clipping_norm"] = tuned
+            notes.append(f"clipping_norm={tuned:g}: S tuned for model={model}, scheme={scheme}, r={r:g} "
+                         f"(conf/model/{model}.yaml)")
+        elif c.get("clipping_norm") is None:
+            raise ConfigError(f"dp=true needs clipping_norm=S: model={model} has no S tuned for scheme={scheme} at "
+                              f"r={r:g} (conf/model/{model}.yaml)")
+        budget = (f"ε={c['epsilon']:g}" if c.get("epsilon") is not None
+                  else f"noise_multiplier={c['noise_multiplier']:g}")
+        notes.append(f"dp: client-level ({budget}, δ={c['delta']:g}, S={c['clipping_norm']:g})")
+    if mode.startswith("local"):
+        if c.get("local_clip") is None:
+            zeta = model_table.get("local_clip")
+            if zeta is None:
+                raise ConfigError(f"dp={_typed(c['dp'])} needs local_clip=ζ (the per-sample gradient clip): model={model} "
+                                  f"has no tuned ζ (conf/model/{model}.yaml)")
+            c["local_clip"] = float(zeta)
+            notes.append(f"local_clip={float(zeta):g}: ζ tuned for model={model} (conf/model/{model}.yaml)")
+    if c.get("local_clip_ord") is None:
+        c["local_clip_ord"] = 1 if mode == "local_laplace" else 2
+    return notes
+
+
+def _modes_text(modes: tuple[str, ...]) -> str:
+    words = {"off": "dp=false", "client": "dp=true (client-level)", "local": "dp=local_laplace|local_gaussian"}
+    return " or ".join(words[m] for m in modes) + " only" if len(modes) == 1 else ", ".join(words[m] for m in modes)
+
+
+def _typed(value: Any) -> str:
+    """A config value as it is typed on the command line (true/false, not Python's True/False)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fedrun.comm import paper_cost_bits
-from fedrun.config import ConfigError, check_partition, dp_mode, resolve_rounds, validate
+from fedrun.config import ConfigError, check_partition, dp_mode, resolve_defaults, resolve_rounds, validate
 from fedrun.data import partition as partitioners
 from fedrun.data.sources import load_dataset
 from fedrun.models.flat import FlatParams
@@ -152,10 +152,37 @@ class Built:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def build(c: dict) -> Built:
-    """Resolved config (plain dict) → a ready :class:`Simulation` and descriptive names."""
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def prepare(c: dict) -> list[str]:
+    """Resolve, in place and before any data is loaded, what follows from the dataset, model and scheme (DP
+    mode, clipping norms, rounds from total_iterations), then validate; returns notes for the user.
+
+    Idempotent: a prepared config comes out unchanged, so the params logged and the config a checkpoint
+    stores are the resolved ones.
+    """
+    from hydra.utils import get_class
+
+    target = c.get("scheme", {}).get("_target_")
+    try:
+        scheme_cls = get_class(str(target))
+    except Exception:  # noqa: BLE001 - hydra raises ImportError or its own error types
+        raise ConfigError(f"scheme._target_={target!r} is not an importable scheme class") from None
+    model_table = c.get("model", {})
+    if model_table.get("name") == "auto":  # the dataset's model: its own config holds the tuned values
+        default = CONF_DIR / "model" / f"{c['dataset']['default_model']}.yaml"
+        model_table = OmegaConf.to_container(OmegaConf.load(default)) if default.exists() else {}
+    notes = resolve_defaults(c, scheme_cls, model_table)
     resolve_rounds(c)  # total_iterations → rounds (in place, so the logged params show the rounds run)
     validate(c)
+    return notes
+
+
+def build(c: dict) -> Built:
+    """Resolved config (plain dict) → a ready :class:`Simulation` and descriptive names."""
+    for note in prepare(c):
+        log.info(note)
     device = resolve_device(str(c["device"]))
     ds_cfg = c["dataset"]
     dataset = load_dataset(ds_cfg["name"], c.get("data_root"),
@@ -171,8 +198,6 @@ def build(c: dict) -> Built:
         x_train, y_train = x_train[keep], y_train[keep]
         groups = groups[keep] if groups is not None else None
     num_clients = c.get("num_clients")
-    if num_clients is None:
-        num_clients = ds_cfg.get("default_num_clients")
     y_np = y_train.numpy()
     parts, part_name = make_partition(c, dataset, y_np, groups, num_clients, seed)
     stats = partitioners.partition_stats(parts, y_np if dataset.task == "classification" else None)
@@ -182,7 +207,7 @@ def build(c: dict) -> Built:
     loss = "cross_entropy" if dataset.task == "classification" else "mse"
     spec = LocalSpec(mode=c["local_mode"], steps=int(c["local_steps"]), batch_size=int(c["batch_size"]),
                      lr=float(c["lr"]), clip_norm=c.get("local_clip"), loss=loss,
-                     clip_mode=c.get("local_clip_mode", "batch"), clip_ord=int(c.get("local_clip_ord", 2)))
+                     clip_mode=c.get("local_clip_mode", "batch"), clip_ord=int(c.get("local_clip_ord") or 2))
     sampler = _instantiate(c["sampler"], num_clients=len(parts))
     scheme = _instantiate({k: v for k, v in c["scheme"].items() if k != "name"})
     mode = dp_mode(c["dp"])
@@ -428,6 +453,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     out = Path(out_dir) if out_dir is not None else Path.cwd()
     tracker = tracker or NullTracker()
     tracker.check()  # an unreachable tracking server fails here, before any data loading or training
+    prepare(c)  # resolved before looking for a checkpoint: checkpoints store the resolved config
     ckpt_path = None
     if c.get("resume") not in (None, False, "false", "False"):
         roots = [Path.cwd() / "outputs", Path.cwd() / "multirun", out.parent.parent]

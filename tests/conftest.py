@@ -48,7 +48,7 @@ CONF_DIR = str(REPO / "conf")
 
 # Small settings for integration runs on the 2-core CI machine.
 FAST = ["~experiment", "scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "lr=0.05", "local_mode=sgd", "sampler=poisson", "rounds=2", "num_clients=10", "sample_rate=0.5", "local_steps=2",
-        "batch_size=10", "tracking=none",
+        "batch_size=10", "clients_per_round=10", "clipping_norm=1.0", "tracking=none",
         "progress=off"]
 
 

@@ -35,6 +35,15 @@ class Scheme:
     #: "uniform" = 1 / K
     weighting: str = "size"
 
+    #: the DP modes this scheme takes (checked before any data is loaded): "off", "client" (client-level
+    #: clip + noise on the aggregate, paper 000), "local" (noise on each upload, paper 001). The default round
+    #: sends every upload through the simulation's DP hooks, so FedAvg-shaped schemes take all three.
+    dp_modes: tuple[str, ...] = ("off", "client", "local")
+    #: True for schemes that compress the update (r, sketches): refused on a model too small to compress
+    compresses: bool = False
+    #: True for schemes that transfer from a model pre-trained on an image source dataset (paper 003)
+    needs_image_source: bool = False
+
     def __init__(self, server_lr: float = 1.0) -> None:
         if not server_lr > 0:
             raise ValueError(f"server_lr={server_lr} must be > 0")

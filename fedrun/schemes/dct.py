@@ -57,6 +57,8 @@ def _opt_bool(name: str, value: object) -> bool | None:
 class DCTScheme(Scheme):
     """Shared part of FL-FREQ and FL-CS: the DCT compressor, m, the 4·m-byte upload."""
 
+    compresses = True
+
     def __init__(self, r: float = 1.0, chunks: int = 1, shuffle: bool | None = None,
                  pad_to_fast_len: bool | None = None, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 class LocalDPFedAvg(Scheme):
     """DP-FedAvg of paper 001: FedAvg hooks with the (N/b)·(n_l/n) weights; noise comes from ``dp=local_*``."""
 
+    dp_modes = ("off", "local")  # paper 001: local DP (its (N/b)·(n_l/n) weights are not client-level DP's)
+
     def setup(self, sim: "Simulation") -> None:
         if sim.spec.mode != "gd":
             raise ConfigError(f"scheme=ldp_fedavg runs E full-batch gradient iterations per client: set "

@@ -40,6 +40,8 @@ class RandomCoordinatesScheme(Scheme):
         server_lr: η_g (1 in paper 000).
     """
 
+    compresses = True
+
     def __init__(self, r: float = 1.0, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)
         self.r = check_ratio(r)

@@ -85,6 +85,9 @@ def default_c_over_sigma(length: int, failure: float = ASSUMPTION_FAILURE) -> fl
 class SketchScheme(Scheme):
     """Shared parts of the count-sketch schemes: the sketch, validation, byte sizes, Theorem 1 tags."""
 
+    compresses = True
+    dp_modes = ("off", "client")  # no local DP on a sketch; client DP only in the sketch-only modes (see setup)
+
     weighting = "uniform"
     #: whether exact coordinates leave the devices (a second exchange), outside Theorem 1 and DP
     sends_exact_values = False

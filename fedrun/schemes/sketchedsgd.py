@@ -39,6 +39,8 @@ ERROR = "sketchedsgd_error"
 class SketchedSGD(SketchScheme):
     """SketchedSGD with worker momentum ρ (``momentum``) and error accumulation; m = ``num_heavy`` (default k)."""
 
+    dp_modes = ("off",)  # its second exchange sends exact coordinates that DP on the sketch does not cover
+
     sends_exact_values = True
 
     def __init__(self, rows: int = 20, cols: int = 40, num_heavy: int | None = None, momentum: float = 0.9,

@@ -69,6 +69,8 @@ def label_dtype(num_classes: int) -> torch.dtype:
 class TransferScheme(FedAvg):
     """FedAvg with paper 003's initialisation and trainable-set choices (base of FL, FTL-full, FTL-c)."""
 
+    needs_image_source = True
+
     init_from_source: bool = True
     train_head_only: bool = False
 
@@ -197,6 +199,8 @@ class FTLc(TransferScheme):
 
 class FbFTL(TransferScheme):
     """FbFTL (paper 003, Alg. 1): one upload of (f¹(x), y) per sample, shuffled; the server trains f²."""
+
+    dp_modes = ("off",)  # clients upload raw features and labels once; no DP mechanism covers them
 
     train_head_only = True
 

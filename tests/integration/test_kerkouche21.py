@@ -53,7 +53,7 @@ def test_table3_experiment_resolves_every_run_of_the_sweep(load_script):
     from conftest import compose
     from omegaconf import OmegaConf
 
-    from fedrun.config import validate
+    from fedrun.run import prepare
 
     script = load_script("kerkouche21_table3")
     clip = script.clipping_norms("kerkouche21_table3")
@@ -61,7 +61,7 @@ def test_table3_experiment_resolves_every_run_of_the_sweep(load_script):
     for scheme, r, dp in script.runs():
         ov = script.overrides("kerkouche21_table3", scheme, r, dp, clip, [])
         c = OmegaConf.to_container(compose([o for o in ov if not o.startswith("hydra.")]), resolve=True)
-        validate(c)
+        prepare(c)
         assert c["scheme"]["name"] == scheme and c["rounds"] == 200 and c["dataset"]["name"] == "fashion_mnist"
         assert c["clipping_norm"] == clip[(scheme, r)] and c["epsilon"] <= 1.0
         if scheme != "fl_std":
