@@ -29,7 +29,7 @@ run: install
 	$(BIN)/fedrun $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
@@ -38,7 +38,9 @@ bench: install
 	$(BIN)/python scripts/bench_training.py speed --out results/bench/speed.md
 	$(BIN)/python scripts/bench_training.py memory --out results/bench/memory.md
 
+# prints the URL of each experiment's runs table (MLflow 3 otherwise opens its GenAI overview), then serves
 ui: install
+	@$(BIN)/python -m fedrun.tracking ui-url --uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --port $${PORT:-5000}
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --port $${PORT:-5000}
 
 clean:

@@ -13,11 +13,12 @@ log = logging.getLogger("fedrun")
 
 
 def _tracker(cfg: DictConfig):
-    from fedrun.tracking import PARENT_FILE, MlflowTracker, NullTracker
+    from fedrun.tracking import PARENT_FILE, SWEPT_FILE, MlflowTracker, NullTracker, sweep_suffix
 
     if cfg.tracking.kind == "none":
         return NullTracker()
     parent = sweep = None
+    suffix = ""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
@@ -27,9 +28,12 @@ def _tracker(cfg: DictConfig):
             sweep = str(Path(hc.sweep.dir))
             pf = Path(hc.sweep.dir) / PARENT_FILE
             parent = pf.read_text().strip() if pf.exists() else None
+            sf = Path(hc.sweep.dir) / SWEPT_FILE
+            suffix = sweep_suffix(hc.overrides.task, sf.read_text().split()) if sf.exists() else ""
     except ValueError:
         pass
-    return MlflowTracker(cfg.tracking.get("uri"), cfg.tracking.experiment, parent_run_id=parent, sweep=sweep)
+    return MlflowTracker(cfg.tracking.get("uri"), cfg.tracking.experiment, parent_run_id=parent, sweep=sweep,
+                         name_suffix=suffix)
 
 
 def _overrides() -> str:
@@ -39,22 +43,6 @@ def _overrides() -> str:
         return " ".join(o for o in HydraConfig.get().overrides.task if not o.startswith("resume="))
     except ValueError:
         return ""
-
-
-def _default_experiment_hint() -> str:
-    """Where a bad value may come from: the default experiment, when the command line did not choose one."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        hc = HydraConfig.get()
-        chosen = hc.runtime.choices.get("experiment")
-        named = any(o.lstrip("~+").split("=")[0] == "experiment" for o in hc.overrides.task)
-    except ValueError:
-        return ""
-    if not chosen or chosen == "null" or named:
-        return ""
-    return (f" (values not on the command line come from the default experiment={chosen}, "
-            f"conf/experiment/{chosen}.yaml; override them, or add '~experiment' for the plain defaults)")
 
 
 def _multirun() -> bool:
@@ -89,7 +77,7 @@ def main(cfg: DictConfig) -> float | None:
         tracker = _tracker(cfg)
         summary = run(cfg, tracker=tracker, out_dir=_output_dir())
     except ConfigError as exc:
-        print(f"fedrun: error: {exc}{_default_experiment_hint()}", file=sys.stderr)
+        print(f"fedrun: error: {exc}", file=sys.stderr)
         sys.exit(2)
     except (DataNotFoundError, DataIntegrityError, ConnectionError) as exc:
         print(f"fedrun: error: {exc}", file=sys.stderr)
@@ -106,8 +94,11 @@ def main(cfg: DictConfig) -> float | None:
     lines = [f"  {k}: {v:.6g}" for k, v in summary.items()]
     print("fedrun: done\n" + "\n".join(lines))
     if getattr(tracker, "run_id", None):
+        urls = tracker.urls() if hasattr(tracker, "urls") else {}
         print(f"fedrun: {tracker.where}\nfedrun: browse it with `make ui` "
-              f"(mlflow ui --backend-store-uri {tracker.uri})")
+              f"(mlflow ui --backend-store-uri {tracker.uri}), then open\n"
+              f"fedrun:   this run:   {urls.get('run', '?')}\n"
+              f"fedrun:   all runs:   {urls.get('runs', '?')}")
     key = next((k for k in summary if k.startswith("best_test_")), None)
     return summary[key] if key else None
 

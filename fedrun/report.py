@@ -1,7 +1,9 @@
 """Tables are code: records (one dict per run) → a markdown table, plus reading records from MLflow.
 
 The pure part (:func:`markdown_table`, :func:`fmt`) knows nothing about MLflow; :func:`mlflow_records`
-turns finished MLflow runs into flat records (``params.*``, ``metrics.*``, ``tags.*``) for it.
+turns finished MLflow runs into flat records (``params.*``, ``metrics.*``, ``tags.*``) for it. Metrics keep
+fedrun's own names there (``metrics.dp_clipped_fraction``, ``metrics.best_test_accuracy``: the summary's
+keys), not their grouped MLflow names (``dp/clipped_fraction``, ``summary/best_test_accuracy``).
 """
 
 from __future__ import annotations
@@ -65,8 +67,11 @@ def with_command(title: str, command: str, table: str, notes: str = "") -> str:
 
 def mlflow_records(tracking_uri: str, experiment: str, filter_string: str = "",
                    include_sweep_parents: bool = False) -> list[dict[str, Any]]:
-    """Finished runs of an MLflow experiment as flat records (params.*, metrics.*, tags.*, run_id)."""
+    """Finished runs of an MLflow experiment as flat records (params.*, metrics.*, tags.*, run_id); metric names
+    as fedrun names them (:func:`fedrun.tracking.internal_name`)."""
     from mlflow.tracking import MlflowClient
+
+    from fedrun.tracking import internal_name
 
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(experiment)
@@ -79,7 +84,7 @@ def mlflow_records(tracking_uri: str, experiment: str, filter_string: str = "",
         rec: dict[str, Any] = {"run_id": run.info.run_id, "status": run.info.status,
                                "start_time": run.info.start_time}
         rec.update({f"params.{k}": v for k, v in run.data.params.items()})
-        rec.update({f"metrics.{k}": v for k, v in run.data.metrics.items()})
+        rec.update({f"metrics.{internal_name(k)}": v for k, v in run.data.metrics.items()})
         rec.update({f"tags.{k}": v for k, v in run.data.tags.items()})
         records.append(rec)
     return records

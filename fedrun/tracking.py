@@ -6,19 +6,236 @@
   commit, sweep), one metrics batch per round (``step = round``), summary metrics, and artifacts.
 * Sweeps (``fedrun -m``): :class:`SweepCallback` creates the store, the experiment and a parent run before
   any job starts (MLflow's SQLite store races when several processes create it at once); every job's
-  run carries the parent's id (``mlflow.parentRunId``) and the tag ``fedrun.sweep``.
+  run carries the parent's id (``mlflow.parentRunId``) and the tag ``fedrun.sweep``; its name carries the
+  swept values (``fl_cs-fashion_mnist r=0.05``).
+* Metric names in MLflow (:func:`metric_name`): the key metrics keep their names (MLflow's "Model metrics"
+  section of a run's charts), diagnostics go under a prefix (``dp/…``, ``decoder/…``, ``sketch/…``,
+  ``partition/…``, ``local_dp/…``, ``summary/…``): MLflow's run page groups charts by the part before "/"
+  (MLflow 3.17 lists the prefixed groups alphabetically, then "Model metrics"). The summary dict, metrics.csv
+  and :func:`fedrun.report.mlflow_records` keep fedrun's own names (:func:`internal_name` maps back).
+* The UI (:func:`runs_table_url`, ``python -m fedrun.tracking ui-url``): the experiment is tagged as model
+  training and holds a saved runs-table view (tag ``mlflow.sharedViewState.fedrun``: key metrics and swept
+  parameters as columns, runs not folded under their sweep); the URLs fedrun prints open it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 PARENT_FILE = "mlflow_parent_run.txt"
+SWEPT_FILE = "mlflow_swept_keys.txt"  # the sweep's swept override keys, one a line (for the jobs' run names)
+
+
+# ------------------------------------------------------------------------------------ metric names in MLflow
+#: Per-round metrics a researcher comes for: logged under their own names (MLflow's "Model metrics" section and
+#: plain column names in the runs table); every other metric goes under a prefix, into a group of its own.
+KEY_METRICS = ("test_accuracy", "test_mse", "test_loss", "train_loss", "val_accuracy", "val_mse", "epsilon",
+               "uplink_bytes_total", "uplink_bytes", "downlink_bytes_total", "downlink_bytes", "cost_bits",
+               "round_seconds")
+#: The run summary's own numbers (one value at the last round): ``summary/…``.
+SUMMARY_METRICS = ("best_test_accuracy", "best_test_mse", "best_round", "cost_bits_at_best", "uplink_bytes_at_best",
+                   "rounds_completed", "uplink_bytes_final", "downlink_bytes_final", "epsilon_final",
+                   "epsilon_at_best", "stopped_round")
+#: Diagnostics with a name of their own (the rest follow :data:`PREFIX_RULES`).
+RENAMED = {
+    "clients": "sampling/clients",
+    "epsilon_rdp": "dp/epsilon_rdp", "epsilon_pld": "dp/epsilon_pld",
+    "sketch_epsilon": "sketch/epsilon",
+    "gate_c_mean_norm": "sketch/gate_c_mean_norm", "gate_c_rms_norm": "sketch/gate_c_rms_norm",
+    "tune_best_val_accuracy": "server/tune_best_val_accuracy",
+    "upload_batches_total": "comm/upload_batches_total", "params_per_batch": "comm/params_per_batch",
+    "uplink_bytes_per_batch": "comm/uplink_bytes_per_batch",
+    "downlink_broadcast_bytes_total": "comm/downlink_broadcast_bytes_total",
+    "uploading_clients": "comm/uploading_clients", "uploaded_samples": "comm/uploaded_samples",
+    "frozen_params": "transfer/frozen_params", "feature_dim": "transfer/feature_dim", "cut_layer": "transfer/cut_layer",
+}
+#: fedrun name prefix → MLflow group (client-level DP, local DP, the FL-CS decoder, …).
+PREFIX_RULES = (("partition_", "partition/"), ("ldp_", "local_dp/"), ("dp_", "dp/"), ("cs_", "decoder/"),
+                ("server_", "server/"), ("source_", "transfer/source_"), ("label_", "leakage/label_"),
+                ("paper_", "comm/paper_"))
+OTHER = "other/"  # a metric nobody placed yet (tests/unit/test_tracking.py fails on it)
+_UNRENAMED = {v: k for k, v in RENAMED.items()}
+
+
+def metric_name(name: str) -> str:
+    """fedrun's metric name (summary key, metrics.csv column) → its MLflow name."""
+    if name in KEY_METRICS or "/" in name:
+        return name
+    if name in SUMMARY_METRICS:
+        return "summary/" + name
+    if name in RENAMED:
+        return RENAMED[name]
+    for prefix, group in PREFIX_RULES:
+        if name.startswith(prefix):
+            return group + name[len(prefix):]
+    return OTHER + name
+
+
+def internal_name(name: str) -> str:
+    """MLflow metric name → fedrun's name (the inverse of :func:`metric_name`; other names pass unchanged)."""
+    if name in _UNRENAMED:
+        return _UNRENAMED[name]
+    if name.startswith("summary/"):
+        return name[len("summary/"):]
+    if name.startswith(OTHER):
+        return name[len(OTHER):]
+    for prefix, group in sorted(PREFIX_RULES, key=lambda rule: -len(rule[1])):
+        if name.startswith(group):
+            return prefix + name[len(group):]
+    return name
+
+
+# ------------------------------------------------------------------------------------------ the UI
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3: which UI an experiment opens in
+EXPERIMENT_KIND = "custom_model_development"  # "Model training" (the runs table), not the GenAI overview
+VIEW_KEY = "fedrun"
+VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY  # a saved runs-table view (MLflow UI's "Views" menu)
+VIEW_NAME = "fedrun: runs and key metrics"
+#: Columns of the saved view: the key numbers of a run (its run name, which carries the swept values, is always
+#: shown). Columns of metrics no run has are not shown.
+VIEW_METRICS = ("summary/best_test_accuracy", "summary/best_test_mse", "epsilon", "uplink_bytes_total",
+                "test_accuracy", "test_mse")
+VIEW_TAGS = ("scheme", "dataset", "dp")
+#: Hydra config groups that fedrun also logs as run tags (a sweep over them shows the tag as a column).
+TAGGED_GROUPS = ("scheme", "dataset", "model", "partition")
+#: Every fedrun run has this tag; the view filters on it, which also lists a sweep's runs flat (MLflow folds
+#: child runs under their parent only in its default, unfiltered, date-sorted table).
+RUN_KIND_TAG, RUN_KIND = "fedrun.kind", "run"
+DEFAULT_UI_HOST, DEFAULT_UI_PORT = "127.0.0.1", 5000
+
+
+def ui_base(uri: str | None = None, host: str = DEFAULT_UI_HOST, port: int | str | None = None) -> str:
+    """Where the UI of a tracking store is: the server itself for an http(s) URI, else ``make ui``'s
+    ``http://127.0.0.1:$PORT`` (5000)."""
+    uri = resolve_uri(uri)
+    if uri.startswith(("http://", "https://")):
+        return uri.rstrip("/")
+    port = port or os.environ.get("PORT") or DEFAULT_UI_PORT
+    return f"http://{host}:{port}"
+
+
+def runs_table_url(base: str, experiment_id: str, view: bool = True) -> str:
+    """The runs table of an experiment in MLflow 3's UI (``#/experiments/<id>/runs``), opened as "Model
+    training" (``workflowType=machine_learning``: MLflow 3.17's UI otherwise opens the GenAI overview) and,
+    with ``view``, with fedrun's saved view (key metrics as columns, sweeps unfolded)."""
+    url = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    return url + (f"&viewStateShareKey={VIEW_KEY}" if view else "")
+
+
+def run_url(base: str, experiment_id: str, run_id: str, tab: str = "") -> str:
+    """One run's page: its overview (metric values, parameters, description), or a tab (``model-metrics``: the
+    metric charts)."""
+    tab = f"/{tab}" if tab else ""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}{tab}?workflowType=machine_learning"
+
+
+def view_columns(swept: Iterable[str] = (), groups: Iterable[str] = ()) -> list[str]:
+    """The saved view's columns (MLflow's column ids), in order: the swept parameters, :data:`VIEW_METRICS`,
+    :data:`VIEW_TAGS` (MLflow's table shows them grouped: parameters, metrics, tags).
+
+    ``swept`` are Hydra override keys; ``groups`` the config groups among them (``scheme``, ``model``, …):
+    a group fedrun tags a run with shows as that tag, another group only in the run name.
+    """
+    groups = set(groups)
+    cols: list[str] = []
+    for key in swept:
+        key = key.lstrip("+~")
+        if key in groups:
+            col = f"tags.`{key}`" if key in TAGGED_GROUPS else None
+        else:
+            col = f"params.`{key}`"
+        if col and col not in cols:
+            cols.append(col)
+    cols += [f"metrics.`{m}`" for m in VIEW_METRICS]
+    cols += [f"tags.`{t}`" for t in VIEW_TAGS if f"tags.`{t}`" not in cols]
+    return cols
+
+
+def view_state(columns: Sequence[str]) -> dict[str, Any]:
+    """The runs table's state in fedrun's saved view: its filter (fedrun's runs, not the sweeps' parent runs), its
+    order (by run name, which carries the swept values; MLflow folds child runs under their parent only when
+    sorted by creation time), and the columns (in this order, wide enough for their names)."""
+    return {"searchFilter": f"tags.`{RUN_KIND_TAG}` = '{RUN_KIND}'", "orderByKey": "tags.`mlflow.runName`",
+            "orderByAsc": True, "selectedColumns": list(columns), "columnOrder": list(columns),
+            "columnWidths": {c: min(240, max(100, 30 + 7 * (len(c) - len(c.split(".", 1)[0]) - 3)))
+                             for c in columns}}
+
+
+def view_tag_value(columns: Sequence[str], now_ms: int | None = None, created_ms: int | None = None) -> str:
+    """The experiment tag that holds the saved view: MLflow UI's envelope {name, createdAt, updatedAt, state}."""
+    now = int(now_ms if now_ms is not None else time.time() * 1000)
+    return json.dumps({"name": VIEW_NAME, "createdAt": int(created_ms or now), "updatedAt": now,
+                       "state": json.dumps(view_state(columns))})
+
+
+def _view_of(tag_value: str | None) -> tuple[dict[str, Any], int | None]:
+    """(state, createdAt) of a saved view's tag value (({}, None) if absent or not an envelope)."""
+    try:
+        env = json.loads(tag_value)
+        return json.loads(env["state"]), env.get("createdAt")
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return {}, None
+
+
+def view_state_columns(tag_value: str | None) -> list[str]:
+    """Columns of a saved view's tag value ([] if absent or not fedrun's envelope)."""
+    return list(_view_of(tag_value)[0].get("selectedColumns", []))
+
+
+def setup_experiment(client, experiment_id: str, tags: dict[str, str], swept: Sequence[str] = (),
+                     groups: Sequence[str] = ()) -> None:
+    """Tag the experiment as model training (if it has no kind yet) and add ``swept`` to its saved view."""
+    if EXPERIMENT_KIND_TAG not in tags:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    old = tags.get(VIEW_TAG)
+    state, created = _view_of(old)
+    have = list(state.get("selectedColumns", []))
+    fixed = view_columns()
+    # swept parameters of earlier sweeps stay, the new sweep's are added, then the fixed columns
+    cols = list(dict.fromkeys(c for c in have + view_columns(swept, groups) if c not in fixed)) + fixed
+    if state == view_state(cols):
+        return
+    client.set_experiment_tag(experiment_id, VIEW_TAG, view_tag_value(cols, created_ms=created))
+
+
+def run_note(latest: dict[str, float]) -> str:
+    """A finished run's description (markdown): its key numbers, from the last value of each metric (fedrun's
+    names); "" before the run summary was logged."""
+    key = "best_test_accuracy" if "best_test_accuracy" in latest else "best_test_mse"
+    if key not in latest:
+        return ""
+
+    def num(name: str, scale: float = 1.0, spec: str = "{:.4g}") -> str:
+        return "–" if name not in latest else spec.format(latest[name] / scale)
+
+    head = ["best test " + key.rsplit("_", 1)[1].replace("mse", "MSE"), "at round", "final ε", "uplink MB",
+            "downlink MB", "rounds"]
+    row = [num(key), num("best_round", spec="{:.0f}"), num("epsilon_final"),
+           num("uplink_bytes_final", 1e6, "{:.2f}"), num("downlink_bytes_final", 1e6, "{:.2f}"),
+           num("rounds_completed", spec="{:.0f}")]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), "| " + " | ".join(row) + " |", "",
+                      "Charts: the Model metrics tab; the key metrics are its last group, \"Model metrics\" (MLflow "
+                      "lists the diagnostics' groups dp/, decoder/, summary/, … first)."])
+
+
+def sweep_suffix(job_overrides: Iterable[str], swept: Iterable[str]) -> str:
+    """The swept values of one job of a sweep, for its run name: ``r=0.05`` (scheme and dataset are already in
+    the name: ``fl_cs-fashion_mnist r=0.05``)."""
+    swept = {k.lstrip("+~") for k in swept}
+    parts = []
+    for o in job_overrides:
+        key, sep, value = o.partition("=")
+        key = key.lstrip("+~")
+        if sep and key in swept and key not in ("scheme", "dataset"):
+            parts.append(f"{key}={value}")
+    return " ".join(parts)
 
 
 def resolve_uri(uri: str | None) -> str:
@@ -64,6 +281,9 @@ class NullTracker:
     def check(self) -> None:
         pass
 
+    def urls(self) -> dict[str, str]:
+        return {}
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         pass
 
@@ -106,29 +326,36 @@ def _check_reachable(client, uri: str) -> None:
                               f"{str(exc).splitlines()[0][:200]}") from None
 
 
-def prepare_store(uri: str, experiment: str) -> str:
-    """Create the store (tables) and the experiment if missing; return the experiment id."""
+def prepare_store(uri: str, experiment: str, swept: Sequence[str] = (), groups: Sequence[str] = ()) -> str:
+    """Create the store (tables) and the experiment if missing, set it up for the UI (:func:`setup_experiment`);
+    return the experiment id."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     _check_reachable(client, uri)
     exp = client.get_experiment_by_name(experiment)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(experiment)
-    except Exception:  # noqa: BLE001 - created meanwhile by another process
+    if exp is None:
+        try:
+            client.create_experiment(experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except Exception:  # noqa: BLE001 - created meanwhile by another process
+            pass
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
-            raise
-        return exp.experiment_id
+            raise RuntimeError(f"MLflow experiment {experiment!r} could not be created at {uri}")
+    try:
+        setup_experiment(client, exp.experiment_id, dict(exp.tags), swept, groups)
+    except Exception as exc:  # noqa: BLE001 - the UI's conveniences never stop a run
+        import logging
+
+        logging.getLogger("fedrun").warning("could not set up experiment %r for the MLflow UI: %s", experiment, exc)
+    return exp.experiment_id
 
 
 class MlflowTracker:
     """Logs one fedrun run to MLflow through ``MlflowClient`` (no global fluent state)."""
 
     def __init__(self, uri: str | None, experiment: str, parent_run_id: str | None = None,
-                 sweep: str | None = None) -> None:
+                 sweep: str | None = None, name_suffix: str = "") -> None:
         from mlflow.tracking import MlflowClient
 
         self.uri = resolve_uri(uri)
@@ -136,12 +363,22 @@ class MlflowTracker:
         self.client = MlflowClient(tracking_uri=self.uri)
         self.parent_run_id = parent_run_id
         self.sweep = sweep
+        self.name_suffix = name_suffix  # a sweep job's swept values, appended to the run name
         self.run_id: str | None = None
         self.experiment_id: str | None = None
+        self.latest: dict[str, float] = {}  # the last value of each metric logged (fedrun's names)
 
     @property
     def where(self) -> str:
         return f"MLflow run {self.run_id} in experiment '{self.experiment}' at {self.uri}"
+
+    def urls(self) -> dict[str, str]:
+        """Where to look in the UI: this run's charts and the experiment's runs table."""
+        if self.run_id is None or self.experiment_id is None:
+            return {}
+        base = ui_base(self.uri)
+        return {"run": run_url(base, self.experiment_id, self.run_id),
+                "runs": runs_table_url(base, self.experiment_id)}
 
     def check(self) -> None:
         """Is the tracking store usable? Called before any data is loaded or training starts."""
@@ -156,7 +393,9 @@ class MlflowTracker:
             self.client.update_run(run_id, status="RUNNING")
             self.run_id = run_id
             return
-        all_tags = dict(tags)
+        all_tags = {**tags, RUN_KIND_TAG: RUN_KIND}
+        if self.name_suffix:
+            run_name = f"{run_name or ''} {self.name_suffix}".strip()
         if self.parent_run_id:
             all_tags["mlflow.parentRunId"] = self.parent_run_id
         if self.sweep:
@@ -171,16 +410,17 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, int(step)) for k, v in metrics.items() if v is not None]
+        batch = [Metric(metric_name(k), float(v), now, int(step)) for k, v in metrics.items() if v is not None]
         for i in range(0, len(batch), 500):
             self.client.log_batch(self.run_id, metrics=batch[i:i + 500])
+        self.latest.update({k: float(v) for k, v in metrics.items() if v is not None})
 
     def log_artifact(self, path: Path) -> None:
         self.client.log_artifact(self.run_id, str(path))
 
     def last_step(self, metric: str) -> int:
         """Highest step logged for ``metric`` (0 if none): where a resumed run's logging continues."""
-        history = self.client.get_metric_history(self.run_id, metric)
+        history = self.client.get_metric_history(self.run_id, metric_name(metric))
         return max((m.step for m in history), default=0)
 
     def set_tags(self, tags: dict[str, str]) -> None:
@@ -189,8 +429,17 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def end(self, status: str = "FINISHED") -> None:
-        if self.run_id is not None:
-            self.client.set_terminated(self.run_id, status=status)
+        if self.run_id is None:
+            return
+        note = run_note(self.latest) if status == "FINISHED" else ""
+        if note:  # the run page's Overview opens on it (its charts list the diagnostics' groups first)
+            try:
+                self.client.set_tag(self.run_id, "mlflow.note.content", note)
+            except Exception as exc:  # noqa: BLE001 - a description is not worth failing the run over
+                import logging
+
+                logging.getLogger("fedrun").warning("could not describe the MLflow run: %s", exc)
+        self.client.set_terminated(self.run_id, status=status)
 
 
 # -------------------------------------------------------------------------------------- Hydra sweeps
@@ -198,6 +447,33 @@ try:
     from hydra.experimental.callback import Callback
 except ImportError:  # pragma: no cover
     Callback = object  # type: ignore[misc,assignment]
+
+
+def swept_keys(overrides: Iterable[str]) -> list[str]:
+    """The keys a Hydra multirun sweeps (``scheme=fl_cs,fl_rnd r=0.05,0.1 rounds=3`` → scheme, r)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception:  # noqa: BLE001 - Hydra parsed them already; a name is not worth failing the sweep over
+        return []
+    return [o.key_or_group for o in parsed if o.is_sweep_override()]
+
+
+def sweep_note(runs: list, experiment_id: str) -> str:
+    """The sweep parent run's description: its runs with their key metrics (markdown, links to each run)."""
+    def val(run, name: str, scale: float = 1.0, spec: str = "{:.4g}") -> str:
+        v = run.data.metrics.get(metric_name(name))
+        return "–" if v is None else spec.format(v / scale)
+
+    lines = ["Runs of this sweep (open the experiment's view \"" + VIEW_NAME + "\" for all columns):", "",
+             "| run | status | best test accuracy / MSE | ε | uplink MB | rounds |", "|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: r.info.run_name or ""):
+        best = r.data.metrics.get(metric_name("best_test_accuracy"), r.data.metrics.get(metric_name("best_test_mse")))
+        lines.append(f"| [{r.info.run_name}](#/experiments/{experiment_id}/runs/{r.info.run_id}) | {r.info.status} | "
+                     f"{'–' if best is None else f'{best:.4g}'} | {val(r, 'epsilon_final')} | "
+                     f"{val(r, 'uplink_bytes_final', 1e6, '{:.2f}')} | {val(r, 'rounds_completed', spec='{:.0f}')} |")
+    return "\n".join(lines)
 
 
 class SweepCallback(Callback):
@@ -210,20 +486,22 @@ class SweepCallback(Callback):
         from mlflow.tracking import MlflowClient
 
         uri = resolve_uri(tracking.get("uri"))
+        swept = swept_keys(config.hydra.overrides.task)
+        groups = [k for k in swept if k in config.hydra.runtime.get("choices", {})]
         try:
             check_server(uri)
-            exp_id = prepare_store(uri, tracking.get("experiment", "fedrun"))
+            exp_id = prepare_store(uri, tracking.get("experiment", "fedrun"), swept, groups)
         except ConnectionError as exc:
-            import sys
-
             print(f"fedrun: error: {exc}", file=sys.stderr)
             sys.exit(2)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         client = MlflowClient(tracking_uri=uri)
         parent = client.create_run(exp_id, run_name=f"sweep {sweep_dir.name}",
-                                   tags={"fedrun.sweep": str(sweep_dir), "fedrun.kind": "sweep"})
+                                   tags={"fedrun.sweep": str(sweep_dir), "fedrun.kind": "sweep",
+                                         "fedrun.swept": " ".join(swept)})
         (sweep_dir / PARENT_FILE).write_text(parent.info.run_id)
+        (sweep_dir / SWEPT_FILE).write_text("".join(k + "\n" for k in swept))
 
     def on_multirun_end(self, config, **kwargs) -> None:
         tracking = config.get("tracking", {})
@@ -233,5 +511,95 @@ class SweepCallback(Callback):
         if parent_file.exists():
             from mlflow.tracking import MlflowClient
 
-            MlflowClient(tracking_uri=resolve_uri(tracking.get("uri"))).set_terminated(
-                parent_file.read_text().strip(), status="FINISHED")
+            uri = resolve_uri(tracking.get("uri"))
+            client = MlflowClient(tracking_uri=uri)
+            parent_id = parent_file.read_text().strip()
+            client.set_terminated(parent_id, status="FINISHED")
+            try:
+                exp_id = client.get_run(parent_id).info.experiment_id
+                runs = client.search_runs([exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'",
+                                          max_results=5000)
+                client.set_tag(parent_id, "mlflow.note.content", sweep_note(runs, exp_id))
+                print(f"fedrun: the sweep's {len(runs)} runs: {runs_table_url(ui_base(uri), exp_id)} "
+                      f"(after `make ui`)")
+            except Exception as exc:  # noqa: BLE001 - a summary note is not worth failing the sweep over
+                print(f"fedrun: could not describe the sweep in MLflow: {exc}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------- python -m fedrun.tracking
+def _sqlite_experiments(path: Path) -> list[tuple[str, str, bool, int]]:
+    """(id, name, has fedrun's view, active runs) of each active experiment, read-only from MLflow's SQLite
+    tables (no mlflow import, no migration: ``make ui`` prints its URLs at once)."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        exps = con.execute("SELECT experiment_id, name FROM experiments WHERE lifecycle_stage = 'active' "
+                           "ORDER BY experiment_id").fetchall()
+        views = {str(e) for (e,) in con.execute("SELECT experiment_id FROM experiment_tags WHERE key = ?",
+                                                 (VIEW_TAG,))}
+        counts = {str(e): n for e, n in con.execute("SELECT experiment_id, COUNT(*) FROM runs WHERE "
+                                                     "lifecycle_stage = 'active' GROUP BY experiment_id")}
+    finally:
+        con.close()
+    return [(str(e), name, str(e) in views, counts.get(str(e), 0)) for e, name in exps]
+
+
+def store_urls(uri: str | None = None, base: str | None = None) -> list[tuple[str, str, int]]:
+    """(experiment name, runs-table URL, number of runs) for each experiment of a store that has runs.
+
+    A SQLite store is read directly (and not created when it does not exist: empty list); another store
+    through MLflow (counting up to 1000 runs).
+    """
+    uri = resolve_uri(uri)
+    base = base or ui_base(uri)
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        if not path.exists():
+            return []
+        try:
+            found = _sqlite_experiments(path)
+        except Exception:  # noqa: BLE001 - an unexpected schema: ask MLflow below
+            found = None
+        if found is not None:
+            return [(name, runs_table_url(base, e, view=has_view), n) for e, name, has_view, n in found if n]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    out = []
+    for exp in client.search_experiments():
+        n = len(client.search_runs([exp.experiment_id], max_results=1000))  # 1000 = "1000 or more"
+        if n:
+            out.append((exp.name, runs_table_url(base, exp.experiment_id, view=VIEW_TAG in exp.tags), n))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fedrun.tracking ui-url [--uri URI] [--port N]``: print where ``make ui`` shows the runs."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m fedrun.tracking")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ui = sub.add_parser("ui-url", help="print the URLs of the runs tables of the store's experiments")
+    ui.add_argument("--uri", default=None,
+                    help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    ui.add_argument("--host", default=DEFAULT_UI_HOST)
+    ui.add_argument("--port", default=None, help="the UI's port (default: $PORT, else 5000)")
+    args = ap.parse_args(argv)
+    uri = resolve_uri(args.uri)
+    base = ui_base(uri, args.host, args.port)
+    try:
+        found = store_urls(uri, base)
+    except Exception as exc:  # noqa: BLE001 - the UI can still start
+        print(f"fedrun: could not read {uri}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        found = []
+    print(f"fedrun: MLflow UI of {uri} at {base} (Ctrl-C stops it)")
+    if not found:
+        print("fedrun: no runs in this store yet: `make run` (or `fedrun ...`) logs one here")
+    for name, url, n in found:
+        print(f"fedrun: runs table of experiment '{name}' ({n}{'+' if n >= 1000 else ''} runs): {url}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -161,10 +161,11 @@ def render(pairs: dict[str, list[dict[str, Any]]], command: str = "", notes: str
 
 def read_histories(tracking_uri: str, run_ids: list[str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
     from mlflow.tracking import MlflowClient
+    from fedrun.tracking import metric_name
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    return {rid: {k: [(m.step, m.value) for m in client.get_metric_history(rid, k)] for k in HISTORY_KEYS}
-            for rid in run_ids}
+    return {rid: {k: [(m.step, m.value) for m in client.get_metric_history(rid, metric_name(k))]
+                  for k in HISTORY_KEYS} for rid in run_ids}
 
 
 def main(argv: list[str] | None = None) -> int:

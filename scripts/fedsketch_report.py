@@ -263,9 +263,10 @@ def claims(homo: list[dict], hetero: list[dict]) -> str:
 # ------------------------------------------------------------------------------------------ figures
 def histories(uri: str, run_id: str, keys: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
     from mlflow.tracking import MlflowClient
+    from fedrun.tracking import metric_name
 
     client = MlflowClient(tracking_uri=uri)
-    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, metric_name(k))) for k in keys}
 
 
 def plot_figure(uri: str, records: list[dict], title: str, path: Path) -> None:

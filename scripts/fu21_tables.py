@@ -237,13 +237,14 @@ def plot(rows: list[dict[str, Any]], key: str, path_prefix: Path, title: str) ->
 def add_noise_history(records: list[dict[str, Any]], tracking_uri: str) -> None:
     """Per run: mean over rounds of the measured and the formula noise-item variance (from metric history)."""
     from mlflow.tracking import MlflowClient
+    from fedrun.tracking import metric_name
 
     client = MlflowClient(tracking_uri=tracking_uri)
     for r in records:
         if "metrics.ldp_noise_item_var" not in r:
             continue
         for name in ("ldp_noise_item_var", "ldp_noise_item_var_formula"):
-            hist = client.get_metric_history(r["run_id"], name)
+            hist = client.get_metric_history(r["run_id"], metric_name(name))
             if hist:
                 r[f"metrics.{name}_mean"] = float(np.mean([m.value for m in hist]))
 

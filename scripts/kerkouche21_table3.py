@@ -324,9 +324,11 @@ def render(rows: list[dict[str, Any]], command: str, notes: str = "", figure: st
 # ------------------------------------------------------------------------------------------ MLflow + figure
 def histories(uri: str, run_ids: list[str], key: str = "test_accuracy") -> dict[str, list[tuple[int, float]]]:
     from mlflow.tracking import MlflowClient
+    from fedrun.tracking import metric_name
 
     client = MlflowClient(tracking_uri=uri)
-    return {rid: sorted((m.step, m.value) for m in client.get_metric_history(rid, key)) for rid in run_ids}
+    return {rid: sorted((m.step, m.value) for m in client.get_metric_history(rid, metric_name(key)))
+            for rid in run_ids}
 
 
 def run_times(uri: str, run_ids: list[str]) -> dict[str, tuple[int, int]]:

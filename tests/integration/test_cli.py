@@ -139,7 +139,7 @@ def test_default_command_is_fl_cs_with_client_level_dp_logged_to_sqlite_in_cwd(t
     m = int(run.data.tags["compression.m"])
     assert m == 5716  # ceil(0.05 · 114,314) DCT coefficients (P = 4 chunks of 1429)
     ups = client.get_metric_history(run.info.run_id, "uplink_bytes")
-    clients = client.get_metric_history(run.info.run_id, "clients")
+    clients = client.get_metric_history(run.info.run_id, "sampling/clients")  # diagnostics are grouped
     assert all(u.value == 4 * m * c.value for u, c in zip(ups, clients))
     assert 0 < run.data.metrics["epsilon"] <= 1.0
 
@@ -165,4 +165,4 @@ def test_parallel_sweep_loses_no_run(tmp_path, shared_data):
         assert r.data.tags["fedrun.sweep"] == parents[0].data.tags["fedrun.sweep"]
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "test_mse")]
         assert sorted(steps) == [1, 2]
-        assert "best_test_mse" in r.data.metrics
+        assert "summary/best_test_mse" in r.data.metrics

@@ -58,8 +58,8 @@ def test_mlflow_has_bytes_accuracy_and_the_theorem_1_epsilon(fast_cfg, tmp_path)
     a = client.get_run(tracker.run_id)
     assert a.data.tags["scheme"] == "fedsketch" and a.data.tags["sketch_epsilon_status"] == "valid"
     assert "Assumption 1" in a.data.tags["sketch_epsilon_assumption"]
-    assert a.data.metrics["sketch_epsilon"] > 0
-    for name in ("uplink_bytes", "downlink_bytes", "uplink_bytes_total", "train_loss", "sketch_epsilon"):
+    assert a.data.metrics["sketch/epsilon"] > 0
+    for name in ("uplink_bytes", "downlink_bytes", "uplink_bytes_total", "train_loss", "sketch/epsilon"):
         assert len(client.get_metric_history(tracker.run_id, name)) == 2, name
     assert len(client.get_metric_history(tracker.run_id, "test_accuracy")) == 1  # eval_every=2
 

@@ -22,6 +22,7 @@ from conftest import CONF_DIR, compose
 DATASETS = sorted(p.stem for p in Path(CONF_DIR, "dataset").glob("*.yaml"))
 SCHEMES = sorted(p.stem for p in Path(CONF_DIR, "scheme").glob("*.yaml"))
 PAIRS = [(d, s) for d in DATASETS for s in SCHEMES]
+TRANSFER = {"fl", "ftl_full", "ftl_c", "fbftl"}
 #: pairs that must be refused (the rest must run): compressing or transferring schemes on a linear regression
 REFUSED = {("lending_club", s) for s in ("fl_rnd", "fl_freq", "fl_cs", "fedsketch", "fedsketchgate",
                                          "sketchedsgd", "fl", "ftl_full", "ftl_c", "fbftl")}
@@ -125,7 +126,10 @@ def cached_loader():
 @pytest.mark.parametrize("dataset,scheme", PAIRS)
 def test_pair_runs_one_round_or_refuses(dataset, scheme, cached_loader, shared_data, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDRUN_DATA", str(shared_data))
-    c = _pair_config(dataset, scheme, "rounds=1", "tracking=none", "progress=off", "checkpoint_every=0")
+    extra = []
+    if scheme in TRANSFER and (dataset, scheme) not in REFUSED:  # the source model's training size is not what
+        extra = ["scheme.source_epochs=1", "scheme.source_max_samples=2000"]  # this test checks (repro tests do)
+    c = _pair_config(dataset, scheme, "rounds=1", "tracking=none", "progress=off", "checkpoint_every=0", *extra)
     try:
         summary = run(c, out_dir=tmp_path)
     except ConfigError as exc:

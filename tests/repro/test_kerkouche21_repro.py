@@ -26,7 +26,7 @@ def test_ci_sized_table3_sweep_and_table(shared_data, tmp_path, monkeypatch, loa
     assert len(records) == 20
     client = MlflowClient(tracking_uri=uri)
     cs = next(r for r in records if r["tags.mlflow.runName"] == "fl_cs-r0.05-dp")
-    for key in ("test_accuracy", "uplink_bytes", "cost_bits", "epsilon", "cs_residual_ratio"):
+    for key in ("test_accuracy", "uplink_bytes", "cost_bits", "epsilon", "decoder/residual_ratio"):
         assert client.get_metric_history(cs["run_id"], key), key
     assert cs["tags.compression.m"] == str(5716) and float(cs["metrics.epsilon_final"]) <= 1.0
     # a second `run` finds everything finished and starts nothing
