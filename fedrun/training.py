@@ -16,7 +16,9 @@ and one ``vmap``-ed ``torch.func.grad`` computes every client's gradient per ste
 are handled by padding each batch to a common size with a 0/1 mask in the loss. Clients are processed
 in chunks of ``chunk_size`` so memory stays bounded. The sequential path trains client after client with
 the ordinary ``nn.Module`` + autograd idiom and the same batches; it is the reference the vectorized
-path is tested against and the baseline of the speed benchmark.
+path is tested against and the baseline of the speed benchmark. Both compute in the dtype of the data and
+the parameters (float32 in runs; the tests compare the two paths in float64, where round-off is far below
+any difference in the math).
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ class Trainer:
         def sample_loss(flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             params = {**frozen, **layout.unflatten(flat)}
             out = functional_call(model, params, (x.unsqueeze(0),))
-            return _masked_loss(out, y.unsqueeze(0), torch.ones(1, device=x.device), spec.loss)
+            return _masked_loss(out, y.unsqueeze(0), torch.ones(1, device=x.device, dtype=x.dtype), spec.loss)
 
         # per-client gradients, and [k clients] × [b samples] gradients for per-sample clipping
         fns = (vmap(grad_and_value(loss_fn)), vmap(vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0))))
@@ -193,7 +195,7 @@ class Trainer:
                          mb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean over each client's samples of per-sample gradients clipped to clip_norm; mean loss."""
         total = torch.zeros_like(p)
-        loss_total = torch.zeros(p.shape[0], device=p.device)
+        loss_total = torch.zeros(p.shape[0], device=p.device, dtype=p.dtype)
         block = max(SAMPLE_BLOCK, SAMPLE_ELEMENTS // max(1, p.shape[0] * p.shape[1]))
         for s in range(0, xb.shape[1], block):
             g, loss = self._fns()[1](p, xb[:, s:s + block], yb[:, s:s + block])
@@ -244,9 +246,9 @@ class Trainer:
                      corr: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         spec, data = self.spec, self.data
         idx, mask = batch_plan(data, chunk, spec, self.seed, rnd)
-        idx, mask = idx.to(data.x.device), mask.to(data.x.device)
+        idx, mask = idx.to(data.x.device), mask.to(data.x.device, params.dtype)
         p = params.detach().unsqueeze(0).repeat(len(chunk), 1)
-        loss_sum = torch.zeros(len(chunk), device=params.device)
+        loss_sum = torch.zeros(len(chunk), device=params.device, dtype=params.dtype)
         plan_steps = idx.shape[1]
         x_fixed = y_fixed = None
         if plan_steps == 1:  # full-batch: gather once
@@ -274,7 +276,7 @@ class Trainer:
         spec, data = self.spec, self.data
         ids = np.asarray(client_ids, dtype=np.int64)
         idx, mask = batch_plan(data, ids, spec, self.seed, rnd)
-        idx, mask = idx.to(data.x.device), mask.to(data.x.device)
+        idx, mask = idx.to(data.x.device), mask.to(data.x.device, params.dtype)
         module = copy.deepcopy(self.model)
         trainable = [dict(module.named_parameters())[n] for n in self.layout.names]
         for p in module.parameters():
@@ -306,13 +308,14 @@ class Trainer:
                 total += float(loss.detach())
             out_params.append(self.layout.flatten(module))
             out_losses.append(total / spec.steps)
-        return torch.stack(out_params), torch.tensor(out_losses)
+        return torch.stack(out_params), torch.tensor(out_losses, dtype=params.dtype)
 
     def _sequential_per_sample(self, module: nn.Module, trainable: list[torch.Tensor], xb: torch.Tensor,
                                yb: torch.Tensor, mb: torch.Tensor) -> torch.Tensor:
         total, count = None, 0
         for i in torch.nonzero(mb > 0).flatten().tolist():
-            one = _masked_loss(module(xb[i:i + 1]), yb[i:i + 1], torch.ones(1, device=xb.device), self.spec.loss)
+            one = _masked_loss(module(xb[i:i + 1]), yb[i:i + 1], torch.ones(1, device=xb.device, dtype=xb.dtype),
+                               self.spec.loss)
             g = torch.cat([gr.reshape(-1) for gr in torch.autograd.grad(one, trainable)])
             g = _clip(g.unsqueeze(0), self.spec.clip_norm, self.spec.clip_ord)[0]
             total = g if total is None else total + g

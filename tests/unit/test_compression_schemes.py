@@ -1,9 +1,11 @@
 """FL-RND, FL-FREQ and FL-CS (paper 000) on a tiny synthetic federation, against independent references.
 
-References: local training by the sequential autograd path (``train_sequential``), FedAvg's own round, the
-DCT as an explicit matrix from ``scipy.fft.dct`` of the identity, FL-RND's coordinates from
-``RandomCoordinates`` (tested separately), clipping and BPDN's orthonormal closed form (soft threshold)
-written out with numpy, and the closed forms 4·m (+8) for the bytes.
+References: FedAvg's own round, the DCT as an explicit matrix from ``scipy.fft.dct`` of the identity, FL-RND's
+coordinates from ``RandomCoordinates`` (tested separately), clipping and BPDN's orthonormal closed form (soft
+threshold) written out with numpy, and the closed forms 4·m (+8) for the bytes; all in float64 on the local
+models the round itself aggregates (local training is tested against the sequential autograd path in
+test_training.py). Tolerances: float32 round-off at the scale of the values (tests/tolerance.py); a DCT
+coefficient (FFT or matrix) errs by at most ~n roundings of the input's L2 norm.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from fedrun.schemes.fedavg import FedAvg
 from fedrun.schemes.random import RandomCoordinatesScheme
 from fedrun.simulation import ClientDP, Simulation
 from fedrun.training import ClientData, LocalSpec
+from tolerance import assert_f32_close, f32_tol
 
 N_CLIENTS, FEATURES, CLASSES = 6, 12, 4
 DIM = FEATURES * CLASSES + CLASSES  # n = 52 parameters
@@ -53,11 +56,20 @@ def round_with_reference(sim: Simulation, rnd: int):
     """Run one round; return (clients, w before, deltas [K, n] float64, FedAvg weights, metrics)."""
     clients = sim.select(rnd)
     w0 = sim.params.clone()
-    local, _ = sim.trainer.train_sequential(w0, clients, rnd)
+    local = local_models(sim, clients, rnd)
     weights = sim.scheme.weights(sim, clients)
     sim.ledger.start_round()
     metrics = sim.scheme.round(sim, rnd, clients)
     return clients, w0.double().numpy(), (local - w0).double().numpy(), weights, metrics
+
+
+def local_models(sim: Simulation, clients: np.ndarray, rnd: int) -> torch.Tensor:
+    """The local models [K, n] the round trains from the current global model (same path, same batches)."""
+    return torch.cat([m for _, m, _ in sim.train(clients, rnd)])
+
+
+def l2(x) -> float:
+    return float(np.linalg.norm(np.asarray(x, dtype=np.float64)))
 
 
 def soft(v: np.ndarray, lam: float) -> np.ndarray:
@@ -68,9 +80,17 @@ def soft(v: np.ndarray, lam: float) -> np.ndarray:
 def test_fl_freq_at_r_1_is_fl_std():
     a, b = make_sim(FreqScheme(r=1.0)), make_sim(FedAvg())
     for rnd in (1, 2):
+        clients = a.select(rnd)
+        w0 = a.params.clone()
+        deltas = (local_models(a, clients, rnd) - w0).double().numpy()
+        weights = a.scheme.weights(a, clients)
         for sim in (a, b):
-            sim.scheme.round(sim, rnd, sim.select(rnd))
-    torch.testing.assert_close(a.params, b.params, atol=1e-5, rtol=0)
+            sim.scheme.round(sim, rnd, clients)
+        # both float32: FedAvg's weighted sum; FL-FREQ's DCT of each Δ_k, weighted sum, inverse DCT, + w0
+        scale = sum(w * l2(d) for w, d in zip(weights, deltas))
+        assert_f32_close(a.params, b.params, (w0, 2), scale, terms=2 * (len(clients) + 2 * DIM + 4),
+                         msg=f"round {rnd}")
+        b.params.copy_(a.params)  # the next round from the same model: training does not amplify round-off
 
 
 @pytest.mark.parametrize("r", [0.1, 0.5])
@@ -80,7 +100,9 @@ def test_fl_freq_update_is_the_zero_filled_inverse_dct_of_the_mean_coefficients(
     m = math.ceil(r * DIM)
     phi = dct_rows(DIM, m)
     expected = w0 + phi.T @ (phi @ (weights @ deltas))
-    np.testing.assert_allclose(sim.params.numpy(), expected, atol=1e-5)
+    # float32: Δ_k, its DCT (≤ n roundings of ‖Δ_k‖₂), the weighted sum, the inverse DCT, + w0
+    scale = sum(w * l2(d) for w, d in zip(weights, deltas))
+    assert_f32_close(sim.params, expected, (w0, 1), scale, terms=2 * DIM + len(weights) + 4)
     assert sim.scheme.m == m and sim.scheme.compression_ratio(sim) == m / DIM
 
 
@@ -93,7 +115,9 @@ def test_fl_rnd_update_is_the_masked_fedavg_update(r):
     mask = np.zeros(DIM)
     mask[idx] = 1.0
     assert len(idx) == math.ceil(r * DIM)
-    np.testing.assert_allclose(sim.params.numpy(), w0 + mask * (weights @ deltas), atol=1e-6)
+    # float32: Δ_k, a weighted sum of K, + w0
+    assert_f32_close(sim.params, w0 + mask * (weights @ deltas), (w0, 1), weights @ np.abs(deltas),
+                     terms=len(weights) + 3)
 
 
 def test_fl_rnd_draws_new_coordinates_each_round_from_the_shared_seed():
@@ -107,13 +131,20 @@ def test_fl_cs_at_r_1_without_momentum_is_soft_thresholded_fedavg():
     """Φ orthonormal (r = 1, P = 1): BPDN's solution is soft(Φᵀy, λ), and the error is y − Φs."""
     scheme = CompressiveSensingScheme(r=1.0, chunks=1, momentum=0.0, lam_rel=0.2, max_iter=50)
     sim = make_sim(scheme)
-    _, w0, deltas, weights, _ = round_with_reference(sim, 1)
+    _, w0, deltas, weights, metrics = round_with_reference(sim, 1)
     phi = dct_rows(DIM, DIM)
     y = phi @ (weights @ deltas)
     z = phi.T @ y
     s = soft(z, 0.2 * np.abs(z).max())
-    np.testing.assert_allclose(sim.params.numpy(), w0 + s, atol=1e-5)
-    np.testing.assert_allclose(scheme.e.numpy(), y - phi @ s, atol=1e-5)
+    # float32: y as above, λ = 0.2·max|z| from a DCT, then the solver's iterates s ← soft(s + Φᵀ(y − Φs), λ): with Φ
+    # orthonormal an iteration maps any s to soft(Φᵀy, λ) whatever the error in s (I − ΦᵀΦ = 0), so the round-off
+    # does not add up over iterations; FISTA's extrapolation mixes the last three iterates. Soft thresholding is
+    # 1-Lipschitz; + w0.
+    scale = sum(w * l2(d) for w, d in zip(weights, deltas))
+    assert 1 <= metrics["cs_iterations"] <= 50
+    terms = len(weights) + 3 * (4 * DIM + 6)
+    assert_f32_close(sim.params, w0 + s, (w0, 1), scale, terms=terms)
+    assert_f32_close(scheme.e, y - phi @ s, scale, terms=terms + DIM + 1)
 
 
 @pytest.mark.parametrize("chunks", [1, 2])
@@ -128,6 +159,9 @@ def test_fl_cs_momentum_and_accumulated_error_follow_the_definition(chunks):
     else:  # the shuffled/chunked layout itself is tested in test_compress_cs.py; Φ = the operator on the identity
         phi = scheme.comp.compress(torch.eye(DIM, dtype=torch.float64).T.contiguous().float()).double().numpy().T
     u, e = np.zeros(m), np.zeros(m)
+    u_scale = e_scale = 0.0  # the same recursions on L2 norms: the scale of u's and e's float32 round-off
+    u_terms = e_terms = 0
+    readback = 0.0  # the reference e uses s read back from w_t: one rounding of ‖w_t‖₂ per round, carried along
     for rnd in (1, 2):
         _, w0, deltas, weights, metrics = round_with_reference(sim, rnd)
         y = phi @ (weights @ deltas)  # line 8
@@ -135,13 +169,21 @@ def test_fl_cs_momentum_and_accumulated_error_follow_the_definition(chunks):
         p = u + e  # line 10
         s = sim.params.double().numpy() - w0  # line 13: w_t = w_{t−1} + s_t
         e = p - phi @ s  # line 12
-        np.testing.assert_allclose(scheme.u.numpy(), u, atol=1e-5)
-        np.testing.assert_allclose(scheme.e.numpy(), e, atol=1e-5)
+        # float32: y (Δ_k, a DCT of n terms, a weighted sum of K), ρ·u + y; e: p − Φs (n terms), where the s read
+        # back from w_t carries w_t's rounding (≤ eps32·‖w_t‖₂ in L2, Φ orthonormal rows)
+        y_scale = sum(w * l2(d) for w, d in zip(weights, deltas))
+        u_scale, u_terms = rho * u_scale + y_scale, u_terms + DIM + len(weights) + 4
+        e_scale = u_scale + e_scale + l2(s)
+        e_terms = max(e_terms, u_terms) + DIM + 3
+        readback += l2(w0 + s)
+        assert_f32_close(scheme.u, u, u_scale, terms=u_terms)
+        assert_f32_close(scheme.e, e, (readback, 1), e_scale, terms=e_terms)
         assert np.abs(s).sum() > 0 and metrics["cs_iterations"] >= 1
-        # s is a BPDN solution for p (KKT on the support: Φᵀ(p − Φs) = λ·sign(s), up to the solver's tolerance)
+        # s is a BPDN solution for p (KKT on the support: Φᵀ(p − Φs) = λ·sign(s), up to the solver's tolerance
+        # of 2% of λ), plus the float32 round-off of p and of the s read back from w_t
         lam = 0.1 * np.abs(phi.T @ p).max()
         grad = phi.T @ (p - phi @ s)
-        assert np.all(np.abs(grad) <= lam * 1.02 + 1e-7)
+        assert np.all(np.abs(grad) <= lam * 1.02 + f32_tol((readback, 1), e_scale, terms=e_terms + DIM))
 
 
 def test_fl_cs_without_error_feedback_keeps_no_error():
@@ -180,6 +222,8 @@ def test_fl_cs_owlqn_and_fista_reach_the_same_bpdn_objective():
         p, s = sim.scheme.u.double().numpy(), sim.params.double().numpy() - w0  # round 1, ρ = 0: p = y
         lam = sim.scheme.lam_rel * np.abs(phi.T @ p).max()
         values.append(0.5 * np.sum((p - phi @ s) ** 2) + lam * np.abs(s).sum())
+    # solver tolerances (tol=1e-8 on the iterates of two different algorithms), not float32 round-off: the
+    # objective is flat near the minimum, so the objectives agree far better than the minimizers
     assert values[1] == pytest.approx(values[0], rel=1e-4)
     torch.testing.assert_close(sims[0].params, sims[1].params, atol=2e-3, rtol=0)
 
@@ -217,9 +261,16 @@ def test_dp_fl_rnd_clips_the_m_coordinates_it_sends():
     assert np.all(np.linalg.norm(sent, axis=1) > 0.02)  # every client is clipped in the m-dim domain …
     assert np.all(np.linalg.norm(sent, axis=1) < np.linalg.norm(deltas, axis=1))  # … a smaller norm than Δw
     expected = w0.copy()
-    expected[idx] += _clip(sent, 0.02).sum(0) / DP0.expected_clients
-    np.testing.assert_allclose(sim.params.numpy(), expected, atol=1e-6)
-    assert sim.last_dp_diagnostics["dp_mean_norm"] == pytest.approx(np.linalg.norm(sent, axis=1).mean(), rel=1e-4)
+    clipped = _clip(sent, 0.02)
+    expected[idx] += clipped.sum(0) / DP0.expected_clients
+    # float32: Δ, its norm over m coordinates, the clip, a sum of K, ÷ E, + w0
+    K, m = len(sent), len(idx)
+    update = np.zeros(DIM)
+    update[idx] = np.abs(clipped).sum(0) / DP0.expected_clients
+    assert_f32_close(sim.params, expected, (w0, 1), update, terms=K + m + 5)
+    # a mean of K float32 norms of m coordinates: relative round-off
+    assert sim.last_dp_diagnostics["dp_mean_norm"] == pytest.approx(np.linalg.norm(sent, axis=1).mean(),
+                                                                    rel=f32_tol(1.0, terms=K + m + 3))
 
 
 @pytest.mark.parametrize("make", [lambda: FreqScheme(r=0.2), lambda: CompressiveSensingScheme(
@@ -231,14 +282,21 @@ def test_dp_dct_schemes_clip_the_m_coefficients_they_send(make):
     phi = dct_rows(DIM, m)
     coefs = deltas @ phi.T
     y = _clip(coefs, 0.02).sum(0) / DP0.expected_clients
-    assert sim.last_dp_diagnostics["dp_mean_norm"] == pytest.approx(np.linalg.norm(coefs, axis=1).mean(), rel=1e-4)
+    # float32 DCT coefficients: ≤ n roundings of ‖Δ_k‖₂ each, so their norms err by ≤ √m of that
+    K = len(deltas)
+    norm_tol = f32_tol(np.sqrt(m) * np.linalg.norm(deltas, axis=1).mean(), terms=DIM + m + 3)
+    mean_norm = np.linalg.norm(coefs, axis=1).mean()
+    assert sim.last_dp_diagnostics["dp_mean_norm"] == pytest.approx(mean_norm, abs=norm_tol)
     s = sim.params.double().numpy() - w0
+    # float32: the coefficients, the clip, a sum of K, ÷ E, the inverse DCT; s read back from w_t carries w_t's rounding
+    y_scale = K * 0.02 / DP0.expected_clients  # ‖y‖₂ ≤ Σ‖clip‖₂ ≤ K·S/E
+    terms = 2 * DIM + K + m + 6
     if isinstance(sim.scheme, FreqScheme):
-        np.testing.assert_allclose(s, phi.T @ y, atol=1e-6)
+        assert_f32_close(s, phi.T @ y, (np.abs(w0) + np.abs(s), 1), y_scale, terms=terms)
     else:  # the reconstruction fits y up to λ: Φᵀ(y − Φs) within the L1 subgradient bound
         lam = 0.3 * np.abs(phi.T @ y).max()
         assert np.abs(phi.T @ (y - phi @ s)).max() <= lam * 1.05
-        np.testing.assert_allclose(sim.scheme.e.numpy(), y - phi @ s, atol=1e-6)
+        assert_f32_close(sim.scheme.e, y - phi @ s, (l2(w0 + s), 1), y_scale + l2(s), terms=terms + DIM)
 
 
 def test_dp_noise_raises_lambda_with_lam_noise():

@@ -23,6 +23,7 @@ from fedrun.data.sources import (
     load_dataset,
     search_roots,
 )
+from tolerance import assert_f32_close, f32_tol
 
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -84,7 +85,8 @@ def test_mnist_real(mnist, shared_data, real_cache):
     assert d.y_train[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
     assert d.y_test[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
     assert abs(d.x_train.mean().item()) < 0.01 and abs(d.x_train.std().item() - 1) < 0.01
-    assert d.x_train.min().item() == pytest.approx(-0.1307 / 0.3081, abs=1e-5)  # background = 0 → (0-mean)/std
+    # background = 0 → (0 − mean)/std in float32: the constants' roundings, the subtraction, the division
+    assert d.x_train.min().item() == pytest.approx(-0.1307 / 0.3081, abs=f32_tol(0.1307 / 0.3081, terms=4))
     assert d.source == str(shared_data / "MNIST" / "raw")
     # unpacked once into the (tmp) cache in torchvision's layout; nothing written beside the source
     assert sorted(p.name for p in (real_cache / "MNIST" / "raw").iterdir() if not p.name.startswith(".")) == sorted(
@@ -124,7 +126,8 @@ def test_femnist_real(femnist):
     # MNIST-like polarity: background is the smallest (most common) value, ink is bright
     x = d.x_train[:200].flatten()
     mode = x.mode().values.item()
-    assert mode == pytest.approx(x.min().item()) and mode == pytest.approx(-0.0387 / 0.1648, abs=1e-4)
+    # background: (0 − mean)/std computed in float64, cast to float32 (one rounding)
+    assert mode == x.min().item() and mode == pytest.approx(-0.0387 / 0.1648, abs=f32_tol(0.0387 / 0.1648, terms=1))
     assert abs(d.x_train.mean().item()) < 0.01
 
 
@@ -138,8 +141,10 @@ def test_lending_club_real(lc, shared_data):
     assert not {"sub_grade", "grade", "Class", "int_rate"} & set(d.feature_names)
     assert len(d.group_names) == 50 and len(np.unique(np.concatenate([d.groups_train, d.groups_test]))) == 50
     y_all = torch.cat([d.y_train, d.y_test]).double()
-    assert y_all.mean().item() == pytest.approx(12.5265, abs=1e-3)  # percent, unstandardised
-    assert y_all.min().item() == pytest.approx(5.32, abs=1e-4) and y_all.max().item() == pytest.approx(28.99, abs=1e-4)
+    assert y_all.mean().item() == pytest.approx(12.5265, abs=5e-5)  # percent, unstandardised (to the 4th decimal)
+    # the CSV's two-decimal rates, cast to float32 (one rounding)
+    assert y_all.min().item() == pytest.approx(5.32, abs=f32_tol(5.32)) and \
+        y_all.max().item() == pytest.approx(28.99, abs=f32_tol(28.99))
 
 
 def test_lending_club_standardised_with_train_stats_only(lc, shared_data):
@@ -152,11 +157,16 @@ def test_lending_club_standardised_with_train_stats_only(lc, shared_data):
     np.testing.assert_allclose(mean, raw[tr].mean(0), rtol=1e-12)
     np.testing.assert_allclose(std, raw[tr].std(0), rtol=1e-12)
     assert not np.allclose(mean, raw.mean(0), rtol=1e-6)  # not the full-data statistics
-    np.testing.assert_allclose(lc.x_train[:, j].double().mean(0).numpy(), 0, atol=1e-6)
-    np.testing.assert_allclose(lc.x_train[:, j].double().std(0, unbiased=False).numpy(), 1, atol=1e-5)
-    np.testing.assert_allclose(lc.x_test[:, j].numpy(), (raw[te] - mean) / std, rtol=1e-5, atol=1e-5)
+    # standardised in float64, then cast to float32: each value rounded once (relative eps32/2), so the mean
+    # moves by at most that of mean|z| and the std by that of rms(z) = 1
+    z_train = lc.x_train[:, j].double()
+    assert_f32_close(z_train.mean(0), np.zeros(2), z_train.abs().mean(0), terms=1)
+    assert_f32_close(z_train.std(0, unbiased=False), np.ones(2), np.ones(2), terms=2)
+    z_test = (raw[te] - mean) / std
+    assert_f32_close(lc.x_test[:, j], z_test, z_test, terms=1)
     assert [lc.group_names[g] for g in lc.groups_test[:20]] == states[te][:20].tolist()
-    np.testing.assert_allclose(lc.y_test[:5].numpy(), [float(rows[i]["int_rate"]) for i in te[:5]], rtol=1e-6)
+    rates = np.array([float(rows[i]["int_rate"]) for i in te[:5]])
+    assert_f32_close(lc.y_test[:5], rates, rates, terms=1)  # cast to float32
 
 
 def test_lending_club_split_is_fixed_and_disjoint():
@@ -170,6 +180,8 @@ def test_lending_club_split_is_fixed_and_disjoint():
 
 
 def test_search_roots_order_and_cache_dir(monkeypatch, tmp_path):
+    for d in ("arg", "env"):
+        (tmp_path / d).mkdir()
     monkeypatch.setenv("FEDRUN_DATA", str(tmp_path / "env"))
     monkeypatch.setenv("FEDRUN_CACHE", str(tmp_path / "cache"))
     assert search_roots(tmp_path / "arg") == [tmp_path / "arg", tmp_path / "env", tmp_path / "cache"]
@@ -182,6 +194,24 @@ def test_search_roots_order_and_cache_dir(monkeypatch, tmp_path):
     assert cache_dir() == tmp_path / "home" / ".cache" / "fedrun"
 
 
+@pytest.mark.parametrize("where", ["data_root", "FEDRUN_DATA"])
+def test_a_named_folder_that_does_not_exist_is_an_error(where, monkeypatch, tmp_path):
+    """A folder the user named must exist: a typo never falls through to the copy in the cache."""
+    monkeypatch.setenv("FEDRUN_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "file").write_text("")
+    for bad, what in ((tmp_path / "nowhere", "does not exist"), (tmp_path / "file", "is not a folder")):
+        if where == "FEDRUN_DATA":
+            monkeypatch.setenv("FEDRUN_DATA", str(bad))
+            call = lambda: search_roots(None)  # noqa: E731
+        else:
+            monkeypatch.delenv("FEDRUN_DATA", raising=False)
+            call = lambda: search_roots(bad)  # noqa: E731
+        with pytest.raises(DataNotFoundError) as e:
+            call()
+        assert str(e.value) == (f"{where}={bad}: the data folder {what}; give an existing folder (or unset it "
+                                f"to use the cache {tmp_path / 'cache'})")
+
+
 def test_unknown_dataset_names_allowed():
     with pytest.raises(ValueError, match="cifar10.*fashion_mnist, mnist, femnist, lending_club"):
         load_dataset("cifar10")
@@ -191,6 +221,8 @@ def test_unknown_dataset_names_allowed():
 
 @pytest.mark.parametrize("name", DATASETS)
 def test_not_found_lists_every_searched_place(name, monkeypatch, tmp_path):
+    for d in ("arg", "env"):
+        (tmp_path / d).mkdir()
     monkeypatch.setenv("FEDRUN_DATA", str(tmp_path / "env"))
     with pytest.raises(DataNotFoundError) as e:
         load_dataset(name, data_root=tmp_path / "arg", download=False)
@@ -292,6 +324,7 @@ def test_offline_download_failure_is_caught(monkeypatch, tmp_path):
         raise RuntimeError("Error downloading train-images-idx3-ubyte.gz: no network (test)")
 
     monkeypatch.setattr(tvd.MNIST, "download", offline)
+    (tmp_path / "empty").mkdir()
     with pytest.raises(DataNotFoundError, match=r"(?s)Download: RuntimeError: Error downloading"):
         load_dataset("mnist", data_root=tmp_path / "empty", download=None)
     # download=True also replaces a corrupt local copy by a download (which fails here → not found)
@@ -305,6 +338,7 @@ def test_download_lands_in_cache(monkeypatch, tmp_path):
         _write_idx_set(Path(self.raw_folder), gz=False)
 
     monkeypatch.setattr(tvd.MNIST, "download", fake_download)
+    (tmp_path / "empty").mkdir()
     d = load_dataset("fashion_mnist", data_root=tmp_path / "empty", verify=False)
     _fake_ok(d)
     assert d.source == str(tmp_path / "cache" / "FashionMNIST" / "raw")
@@ -345,7 +379,8 @@ def test_femnist_leaf_json(tmp_path):
     first = written["train/all_data_0_niid_05_keep_0_train_9.json"]["f002_1"]
     assert d.y_train[:4].tolist() == first["y"]
     expected = ((1.0 - np.array(first["x"][0])) - 0.0387) / 0.1648  # flipped to ink-bright, standardised
-    np.testing.assert_allclose(d.x_train[0].flatten().numpy(), expected, rtol=1e-5, atol=1e-5)
+    # float32 round-off of 1 − x, − mean, / std and the cast, at the scale of their terms
+    assert_f32_close(d.x_train[0].flatten(), expected, (1.0 + np.abs(first["x"][0]) + 0.0387) / 0.1648, terms=4)
     assert d.info["format"] == "leaf-json"
 
 

@@ -18,6 +18,7 @@ from scipy.stats import norm
 
 from fedrun.dp import LocalDP
 from fedrun.rng import torch_generator
+from tolerance import f32_tol
 
 DIM = 100_000  # coordinates per draw: the variance estimate's relative error is ~√(5/DIM) ≈ 0.7 % (Laplace)
 
@@ -265,7 +266,10 @@ def test_trainer_respects_the_sensitivity_bound_on_linear_regression(ord_):
     gap = float((local[0] - local[1]).norm(p=ord_))
     assert gap > 0
     paper = sensitivity(zeta, eta, e, n, nonexpansive=True)
-    assert 0.3 * paper < gap <= paper * (1 + 1e-5)  # in L1 an empirical check on this instance (proven: L2)
+    # up to float32 round-off: e steps p − η·g on each model (≤ |p| per step), their difference, a norm of p terms
+    scale = float((local[0].abs() + local[1].abs()).norm(p=ord_))
+    slack = f32_tol(scale, terms=e + 2 + p)
+    assert 0.3 * paper < gap <= paper + slack  # in L1 an empirical check on this instance (proven: L2)
     assert gap <= sensitivity(zeta, eta, e, n, nonexpansive=False)
 
 

@@ -1,8 +1,10 @@
 """FedSKETCH, FedSKETCHGATE, FedSGD and SketchedSGD (paper 002) on a tiny synthetic federation.
 
-Independent references: local training by the sequential autograd path (``train_sequential``), the count
-sketch as an explicit dense matrix built from the hash values, PRIVIX with ``numpy.median``, heavy hitters
-with ``numpy.argsort``, FedAvg's own round, and closed forms for the bytes.
+Independent references: the count sketch as an explicit dense matrix built from the hash values, PRIVIX
+with ``numpy.median``, heavy hitters with ``numpy.argsort``, FedAvg's own round, and closed forms for the
+bytes, all in float64 on the local models the round itself aggregates (local training is tested against
+the sequential autograd path in test_training.py). Tolerances: float32 round-off at the scale of the
+values (tests/tolerance.py): a bucket of the sketch sums at most ``occupancy`` coordinates.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fedrun.schemes.sketch import FedSGD, FedSketch, FedSketchGate, default_c_ov
 from fedrun.schemes.sketchedsgd import ERROR, MOMENTUM, SketchedSGD
 from fedrun.simulation import ClientDP, Simulation
 from fedrun.training import ClientData, LocalSpec
+from tolerance import assert_f32_close, f32_tol
 
 N_CLIENTS, FEATURES, CLASSES = 6, 12, 4
 DIM = FEATURES * CLASSES + CLASSES  # 52 parameters
@@ -56,10 +59,25 @@ def ref_privix(cs: CountSketch, S: np.ndarray) -> np.ndarray:
     return np.median(est, axis=0)  # midpoint of the middle two for even t
 
 
+def local_models(sim: Simulation, clients: np.ndarray, rnd: int) -> torch.Tensor:
+    """The local models [K, n] the round trains from the current global model (same path, same batches)."""
+    return torch.cat([m for _, m, _ in sim.train(clients, rnd, sim.scheme.correction(sim, clients))])
+
+
+def occupancy(A: np.ndarray) -> int:
+    """The most coordinates one bucket of the sketch adds up (terms of its float32 sum)."""
+    return int((A != 0).sum(1).max())
+
+
+def bucket_scale(A: np.ndarray, x_abs: np.ndarray) -> float:
+    """Σ|terms| of the largest bucket of S(x) for |x| ≤ x_abs: bounds every sketch entry and PRIVIX value."""
+    return float((np.abs(A) @ x_abs).max())
+
+
 def run_round(sim: Simulation, rnd: int = 1):
     clients = sim.select(rnd)
     p0 = sim.params.clone()
-    local, _ = sim.trainer.train_sequential(p0, clients, rnd, sim.scheme.correction(sim, clients))
+    local = local_models(sim, clients, rnd)
     sim.ledger.start_round()
     metrics = sim.scheme.round(sim, rnd, clients)
     return clients, p0, (p0 - local).double().numpy(), metrics
@@ -72,9 +90,12 @@ def test_fedsketch_privix_round_matches_dense_reference(rows, cols):
     sim = make_sim(scheme)
     cs = scheme.sketch(sim, 1)
     clients, p0, deltas, _ = run_round(sim)
-    S_bar = dense_sketch(cs) @ deltas.mean(0)
+    A = dense_sketch(cs)
+    S_bar = A @ deltas.mean(0)
     expected = p0.double().numpy() - 0.7 * ref_privix(cs, S_bar)
-    np.testing.assert_allclose(sim.params.numpy(), expected, atol=1e-5)
+    # float32: Δ, the bucket sums, the mean over K, × γ, p0 − ·
+    scale = 0.7 * bucket_scale(A, np.abs(deltas).mean(0))
+    assert_f32_close(sim.params, expected, (p0, 1), scale, terms=occupancy(A) + len(clients) + 4)
 
 
 def test_fedsketch_heaprix_exact_matches_dense_reference():
@@ -87,22 +108,36 @@ def test_fedsketch_heaprix_exact_matches_dense_reference():
     S_bar = A @ x_bar
     est = np.abs(ref_privix(cs, S_bar))
     order = np.argsort(-est, kind="stable")
-    assert est[order[4]] > est[order[5]] + 1e-6  # no tie at the heavy-set boundary
+    scale, terms = bucket_scale(A, np.abs(deltas).mean(0)), occupancy(A) + len(clients) + 2
+    # no tie at the heavy-set boundary: the float32 estimates cannot swap the 5th and 6th
+    assert est[order[4]] > est[order[5]] + 2 * f32_tol(scale, terms=terms)
     H = np.sort(order[:5])
     h = np.zeros(DIM)
     h[H] = x_bar[H]  # the exact averaged values of the second exchange
     phi = ref_privix(cs, S_bar - A @ h)
     phi[H] = x_bar[H]
-    np.testing.assert_allclose(sim.params.numpy(), p0.numpy() - 1.5 * phi, atol=1e-5)
+    # float32: S̄ and the re-sketch of h (both ≤ scale per bucket), their difference, × γ, p0 − ·
+    assert_f32_close(sim.params, p0.double().numpy() - 1.5 * phi, (p0, 1), 1.5 * 2 * scale, terms=2 * terms + 3)
 
 
 def assert_same_trajectory(a, b, rounds: int) -> None:
-    """Run both simulations round by round; their global models agree after every round."""
+    """Run both simulations round by round; their global models agree after every round.
+
+    Both aggregate the same local models in float32, each its own way: they agree up to the round-off of
+    both (a weighted sum of K updates, the server step). Each round then starts both from a's model, so
+    that the next round's training does not amplify that round-off."""
     for rnd in range(1, rounds + 1):
+        clients = a.select(rnd)
+        assert np.array_equal(clients, b.select(rnd))
+        w0 = a.params.clone()
+        updates = (local_models(a, clients, rnd) - w0).abs().max(0).values  # |Δ_j| ≤ this, any weights
         for sim in (a, b):
             sim.ledger.start_round()
-            sim.scheme.round(sim, rnd, sim.select(rnd))
-        assert torch.allclose(a.params, b.params, atol=1e-6), f"round {rnd}"
+            sim.scheme.round(sim, rnd, clients)
+        lr = max(a.scheme.server_lr, b.scheme.server_lr)
+        assert_f32_close(a.params, b.params, (w0, 2), lr * updates, terms=2 * (len(clients) + 4),
+                         msg=f"round {rnd}")
+        b.params.copy_(a.params)
 
 
 def test_fedsketch_heaprix_with_all_coordinates_heavy_is_fedavg():
@@ -117,8 +152,13 @@ def test_fedsketch_sketch_only_heaprix_equals_operator():
     sim = make_sim(scheme)
     cs = scheme.sketch(sim, 1)
     clients, p0, deltas, _ = run_round(sim)
-    S_bar = torch.as_tensor(dense_sketch(cs) @ deltas.mean(0), dtype=torch.float32).reshape(3, 6)
-    assert torch.allclose(sim.params, p0 - cs.heaprix(S_bar, 3), atol=1e-5)
+    A = dense_sketch(cs)
+    S_bar = torch.as_tensor(A @ deltas.mean(0), dtype=torch.float32).reshape(3, 6)
+    # both sides float32: S̄ (the scheme's bucket sums; the test's a cast), the heavy estimates (each ≤ scale),
+    # their re-sketch (≤ occupancy of them per bucket), the residual, p0 − ·
+    scale, occ = bucket_scale(A, np.abs(deltas).mean(0)), occupancy(A)
+    assert_f32_close(sim.params, p0 - cs.heaprix(S_bar, 3), (p0, 2), (occ + 2) * scale,
+                     terms=2 * (2 * occ + len(clients) + 4))
     assert sim.ledger.uplink_round == 4 * 4 * 18  # one exchange only
 
 
@@ -175,13 +215,24 @@ def test_gate_corrections_sum_to_zero_with_a_linear_decoder(unsketch, heavy):
     scheme = FedSketchGate(unsketch, rows=1, cols=20, num_heavy=4, heavy_values=heavy)
     sim = make_sim(scheme, per_round=None, steps=3)
     ids = np.arange(N_CLIENTS)
+    A = dense_sketch(scheme.sketch(sim, 1))
+    scale, terms = 0.0, 0
     for rnd in (1, 2, 3):
+        clients = sim.select(rnd)
+        deltas = (local_models(sim, clients, rnd) - sim.params).double().abs().numpy()
+        # Σ_j c_j: each round adds Σ_j (Φ − Φ_j)/τ (τ = 3); Φ_j and Φ are decoded from buckets of Σ|terms| ≤
+        # bucket_scale, minus (HEAPRIX) a re-sketch of the m = 4 heavy values, each ≤ bucket_scale: so the N
+        # clients' |Φ| + |Φ_j| add up to ≤ 2·N·(1 + 4)·bucket_scale; float32 sums of N clients, of the buckets,
+        # of the m heavy values, and a few operations
+        scale += 2 * N_CLIENTS * (1 + 4) * bucket_scale(A, deltas.max(0)) / 3
+        terms += N_CLIENTS + occupancy(A) + 4 + 4
         sim.ledger.start_round()
-        metrics = scheme.round(sim, rnd, sim.select(rnd))
+        metrics = scheme.round(sim, rnd, clients)
         c = sim.client_state.get(FedSketchGate.STATE, ids, DIM)
-        assert c.abs().max() > 1e-4  # the corrections are not trivially zero
-        assert c.sum(0).abs().max() < 1e-5
-        assert metrics["gate_c_mean_norm"] < 1e-5 < metrics["gate_c_rms_norm"]
+        tol = f32_tol(scale, terms=terms)
+        assert c.abs().max() > 100 * tol  # the corrections are not trivially zero, far above round-off
+        assert c.sum(0).abs().max() <= tol
+        assert metrics["gate_c_mean_norm"] <= np.sqrt(DIM) * tol / N_CLIENTS < metrics["gate_c_rms_norm"]
 
 
 def test_gate_mean_correction_drifts_with_a_median_decoder():
@@ -190,7 +241,7 @@ def test_gate_mean_correction_drifts_with_a_median_decoder():
     sim = make_sim(scheme, per_round=None, steps=1)
     sim.ledger.start_round()
     metrics = scheme.round(sim, 1, sim.select(1))
-    assert metrics["gate_c_mean_norm"] > 1e-4
+    assert metrics["gate_c_mean_norm"] > 1e-4  # a drift of the size of the updates' disagreement, not round-off
 
 
 def test_gate_update_matches_formula_and_correction_enters_local_steps():
@@ -200,14 +251,18 @@ def test_gate_update_matches_formula_and_correction_enters_local_steps():
     A = dense_sketch(cs)
     ids = np.arange(N_CLIENTS)
     c_prev = np.zeros((N_CLIENTS, DIM))
+    c_scale, c_terms = 0.0, 0
     for rnd in (1, 2):
-        clients, p0, deltas, _ = run_round(sim, rnd)  # reference training with the current c_j
+        clients, p0, deltas, _ = run_round(sim, rnd)  # the local models trained with the current c_j
         S_j = deltas @ A.T
         phi = ref_privix(cs, S_j.mean(0))
         phi_j = np.stack([ref_privix(cs, s) for s in S_j])
-        np.testing.assert_allclose(sim.params.numpy(), p0.numpy() - phi, atol=1e-5)
+        # float32: Δ, bucket sums, the mean over N, p0 − Φ; c_j accumulates (Φ − Φ_j)/τ over the rounds
+        scale, terms = bucket_scale(A, np.abs(deltas).max(0)), occupancy(A) + N_CLIENTS + 4
+        assert_f32_close(sim.params, p0.double().numpy() - phi, (p0, 1), scale, terms=terms)
         c_prev = c_prev - (phi[None] - phi_j) / 2
-        np.testing.assert_allclose(sim.client_state.get(FedSketchGate.STATE, ids, DIM).numpy(), c_prev, atol=1e-5)
+        c_scale, c_terms = c_scale + scale, c_terms + terms + 2
+        assert_f32_close(sim.client_state.get(FedSketchGate.STATE, ids, DIM), c_prev, c_scale, terms=c_terms)
     assert np.abs(c_prev).max() > 1e-3
 
 
@@ -234,22 +289,30 @@ def test_sketchedsgd_momentum_error_feedback_reference(seed):
     A = dense_sketch(cs)
     u = np.zeros((N_CLIENTS, DIM))
     v = np.zeros((N_CLIENTS, DIM))
+    u_abs, v_abs = np.zeros((N_CLIENTS, DIM)), np.zeros((N_CLIENTS, DIM))  # the same recursions on |·|: scales
     for rnd in (1, 2, 3):
         clients, p0, deltas, _ = run_round(sim, rnd)
         u[clients] = 0.5 * u[clients] + deltas
         v[clients] = v[clients] + u[clients]
+        u_abs[clients] = 0.5 * u_abs[clients] + np.abs(deltas)
+        v_abs[clients] = v_abs[clients] + u_abs[clients]
+        terms = 3 * rnd + 1  # float32 roundings of u and v so far (Δ, 0.5·u, + Δ, v + u per round)
         est = np.abs(ref_privix(cs, A @ v[clients].mean(0)))
         order = np.argsort(-est, kind="stable")
-        assert est[order[3]] > est[order[4]] + 1e-6  # no tie at the heavy-set boundary
+        est_tol = f32_tol(bucket_scale(A, v_abs[clients].mean(0)), terms=terms + occupancy(A) + len(clients) + 1)
+        assert est[order[3]] > est[order[4]] + 2 * est_tol  # no tie at the heavy-set boundary, even in float32
         H = np.sort(order[:4])
         step = np.zeros(DIM)
         step[H] = v[clients][:, H].mean(0)
-        np.testing.assert_allclose(sim.params.numpy(), p0.numpy() - 2.0 * step, atol=1e-5)
+        assert_f32_close(sim.params, p0.double().numpy() - 2.0 * step, (p0, 1), 2.0 * v_abs[clients].mean(0),
+                         terms=terms + len(clients) + 3)
         u[np.ix_(clients, H)] = 0.0
         v[np.ix_(clients, H)] = 0.0
+        u_abs[np.ix_(clients, H)] = 0.0
+        v_abs[np.ix_(clients, H)] = 0.0
         all_ids = np.arange(N_CLIENTS)
-        np.testing.assert_allclose(sim.client_state.get(MOMENTUM, all_ids, DIM).numpy(), u, atol=1e-5)
-        np.testing.assert_allclose(sim.client_state.get(ERROR, all_ids, DIM).numpy(), v, atol=1e-5)
+        assert_f32_close(sim.client_state.get(MOMENTUM, all_ids, DIM), u, u_abs, terms=terms)
+        assert_f32_close(sim.client_state.get(ERROR, all_ids, DIM), v, v_abs, terms=terms)
 
 
 @pytest.mark.parametrize("scheme", [lambda: FedSGD(), lambda: SketchedSGD(rows=2, cols=5)])
