@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 SETTINGS: dict[str, tuple[str, list[str]]] = {
     "fl_std_lenet": (
         "FL-STD, LeNet-5 / Fashion-MNIST, 100 of 600 clients per round, 10 local SGD steps of batch 10",
-        ["~experiment", "dataset=fashion_mnist", "model=lenet5", "scheme=fl_std", "partition=iid", "dp=false",
+        ["dataset=fashion_mnist", "model=lenet5", "scheme=fl_std", "partition=iid", "dp=false",
          "num_clients=600", "sampler=uniform", "clients_per_round=100", "local_mode=sgd", "local_steps=10",
          "batch_size=10", "lr=0.05", "chunk_size=100"]),
     "fl_std_dp": (
