@@ -7,6 +7,7 @@ with a message when neither holds the files.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -16,6 +17,21 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _absl_handler_on_the_process_stderr() -> None:
+    """dp_accounting imports absl, whose logging handler keeps the stderr of the moment it is made (pytest's
+    capture file during collection) and closes it when Hydra's logging setup in an in-process ``fedrun`` call
+    closes every handler: the session then dies with 'I/O operation on closed file'. The process's own stderr
+    is never closed by absl."""
+    try:
+        from absl import logging as absl_logging
+    except ImportError:
+        return
+    absl_logging.get_absl_handler().python_handler.setStream(sys.__stderr__)
+
+
+_absl_handler_on_the_process_stderr()
 
 
 def _shared_data() -> Path | None:
@@ -35,6 +51,65 @@ def shared_data() -> Path:
     if root is None:
         pytest.skip("no data root: set FEDRUN_DATA to the folder with MNIST/, FashionMNIST/, FEMNIST/, lending-club/")
     return root
+
+
+_DATA_ENV = ("FEDRUN_DATA", "FEDRUN_CACHE", "XDG_CACHE_HOME", "HOME")
+#: test images a run in this process evaluates on (of 10,000 for MNIST / Fashion-MNIST, 3,358 for FEMNIST):
+#: evaluation is most of a small run's cost; the training split is kept whole, so federations are unchanged
+SMALL_TEST_SPLIT = 2_000
+
+
+def _fingerprint(d) -> tuple:
+    return tuple(float(t.double().sum()) for t in (d.x_train, d.y_train, d.x_test, d.y_test))
+
+
+class _Datasets:
+    """``fedrun.run.load_dataset`` memoised on its arguments and the variables that decide where data are looked
+    for (a test with its own data folder or cache gets its own load)."""
+
+    def __init__(self, load):
+        self.load = load
+        self.memo: dict = {}
+
+    def full(self, name, data_root=None, *args, **kwargs):
+        key = (name, str(data_root), args, tuple(sorted(kwargs.items())), tuple(os.environ.get(v) for v in _DATA_ENV))
+        if key not in self.memo:
+            d = self.load(name, data_root, *args, **kwargs)
+            self.memo[key] = (d, _fingerprint(d))
+        return self.memo[key][0]
+
+    def small_test_split(self, name, data_root=None, *args, **kwargs):
+        d = self.full(name, data_root, *args, **kwargs)
+        if len(d.y_test) <= SMALL_TEST_SPLIT:
+            return d
+        cut = {"x_test": d.x_test[:SMALL_TEST_SPLIT], "y_test": d.y_test[:SMALL_TEST_SPLIT]}
+        if d.groups_test is not None:
+            cut["groups_test"] = d.groups_test[:SMALL_TEST_SPLIT]
+        return dataclasses.replace(d, **cut)  # views: no copy
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _datasets_loaded_once():
+    """Runs in this process (run(cfg), build(cfg)) load each dataset once per session, and evaluate on the first
+    SMALL_TEST_SPLIT test samples (a test that needs the whole test split takes the ``full_test_split`` fixture).
+    A run never changes its Dataset; the teardown checks that none did."""
+    import fedrun.run as run_module
+
+    original = run_module.load_dataset
+    cache = _Datasets(original)
+    run_module.load_dataset = cache.small_test_split
+    yield cache
+    run_module.load_dataset = original
+    changed = [k[0] for k, (d, fp) in cache.memo.items() if _fingerprint(d) != fp]
+    assert not changed, f"a test changed the shared dataset(s) {changed} in place"
+
+
+@pytest.fixture
+def full_test_split(_datasets_loaded_once, monkeypatch):
+    """Runs in this test evaluate on the whole test split (still loaded once per session)."""
+    import fedrun.run as run_module
+
+    monkeypatch.setattr(run_module, "load_dataset", _datasets_loaded_once.full)
 
 
 @pytest.fixture(autouse=True)
@@ -71,6 +146,55 @@ def fast_cfg(shared_data):
         return compose(FAST + [f"data_root={shared_data}", *overrides])
 
     return make
+
+
+def _forget_mlflow_stores() -> None:
+    """MLflow keeps one store per URI string for the process: the default ``sqlite:///mlflow.db`` is relative to
+    the folder of the first command that used it, not this one's (a command is a process of its own)."""
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+    except ImportError:
+        return
+    _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+
+
+@pytest.fixture
+def fedrun_in_process(tmp_path, monkeypatch, capsys):
+    """``fedrun_in_process(args)``: the `fedrun` Hydra app called in this process, in ``tmp_path``, as the console
+    script calls it: (exit status, stdout, stderr). The same code path as the command without a new interpreter
+    (seconds of imports) per call; the root logger's handlers are put back afterwards."""
+    import logging
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fedrun import cli
+
+    monkeypatch.chdir(tmp_path)
+
+    def call(args):
+        GlobalHydra.instance().clear()
+        monkeypatch.setattr(sys, "argv", ["fedrun", *args])
+        before, level = list(logging.root.handlers), logging.root.level
+        capsys.readouterr()
+        _forget_mlflow_stores()
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            _forget_mlflow_stores()
+            for h in [h for h in logging.root.handlers if h not in before]:
+                logging.root.removeHandler(h)
+                h.close()
+            for h in before:  # Hydra's logging config replaced the root logger's handlers
+                if h not in logging.root.handlers:
+                    logging.root.addHandler(h)
+            logging.root.setLevel(level)
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return call
 
 
 @pytest.fixture

@@ -4,8 +4,12 @@ table reports their ratio; unknown settings are a clear error."""
 from __future__ import annotations
 
 
-def test_speed_table_for_one_setting(shared_data, tmp_path, capsys, load_script):
+def test_speed_table_for_one_setting(shared_data, tmp_path, capsys, load_script, monkeypatch):
     bench = load_script("bench_training")
+    # the setting cut to 5 clients × 1 local step: the script's rounds and table are under test, not the timing
+    what, overrides = bench.SETTINGS["fedsketch"]
+    small = [o for o in overrides if not o.startswith("local_steps=")] + ["local_steps=1", "clients_per_round=5"]
+    monkeypatch.setitem(bench.SETTINGS, "fedsketch", (what, small))
     out = tmp_path / "speed.md"
     assert bench.main(["speed", "--settings", "fedsketch", "--rounds", "1", "--data-root", str(shared_data),
                        "--out", str(out)]) == 0

@@ -53,31 +53,6 @@ BAD_VALUES = [
 ]
 
 
-@pytest.fixture
-def fedrun_in_process(tmp_path, monkeypatch, capsys):
-    """The `fedrun` Hydra app called in this process (as the console script calls it): exit status, stdout,
-    stderr. The same code path as the command without a new interpreter per case."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from fedrun import cli
-
-    monkeypatch.chdir(tmp_path)
-
-    def call(args):
-        GlobalHydra.instance().clear()
-        monkeypatch.setattr(sys, "argv", ["fedrun", *args])
-        capsys.readouterr()
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    return call
-
-
 def test_bad_value_one_clear_line_from_the_command(tmp_path, shared_data):
     p = fedrun(["r=1.5", "tracking=none", f"data_root={shared_data}"], tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr
@@ -117,13 +92,16 @@ def test_missing_data_names_every_place_searched(fedrun_in_process, tmp_path, mo
     assert "FEDRUN_DATA" in err
 
 
-def test_default_command_is_fl_cs_with_client_level_dp_logged_to_sqlite_in_cwd(tmp_path, shared_data):
+def test_default_command_is_fl_cs_with_client_level_dp_logged_to_sqlite_in_cwd(tmp_path, shared_data,
+                                                                               fedrun_in_process, monkeypatch):
     """`fedrun` with no arguments: paper 000's headline, FL-CS r = 0.05 + client-level DP on Fashion-MNIST
-    (here cut to 2 rounds of a 600-client federation), logged to ./mlflow.db: accuracy, bytes, cost and ε."""
+    (here cut to 2 rounds of a 600-client federation), logged to ./mlflow.db: accuracy, bytes, cost and ε.
+    In this process (the command's code path; the tests above start the real command)."""
     from mlflow.tracking import MlflowClient
 
-    p = fedrun(["rounds=2", "num_clients=600", "eval_every=1", "progress=log", f"data_root={shared_data}"], tmp_path,
-               {"MLFLOW_TRACKING_URI": ""})
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    p = subprocess.CompletedProcess(["fedrun"], *fedrun_in_process(
+        ["rounds=2", "num_clients=600", "eval_every=1", "progress=log", f"data_root={shared_data}"]))
     assert p.returncode == 0, p.stderr
     assert "make ui" in p.stdout and "MLflow run" in p.stdout and "best_test_accuracy" in p.stdout
     assert "round 2/2" in p.stdout + p.stderr  # plain log lines when not a terminal

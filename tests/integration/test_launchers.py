@@ -59,6 +59,9 @@ def mlflow_server(tmp_path):
     proc.wait(timeout=30)
 
 
+# slow: an MLflow server process plus a sweep of fresh interpreters (~1 min of CPU); the sweep and its
+# grouping are in the fast suite through the joblib launcher (tests/integration/test_cli.py)
+@pytest.mark.slow
 def test_sweep_against_a_tracking_server_over_http(tmp_path, shared_data, mlflow_server):
     p = subprocess.run(FEDRUN + ["-m", "seed=0,1"] + TINY, cwd=tmp_path,
                        env=_env(shared_data, MLFLOW_TRACKING_URI=mlflow_server), capture_output=True, text=True,
@@ -83,6 +86,8 @@ def test_unreachable_tracking_server_fails_fast(tmp_path, shared_data):
     assert time.time() - t0 < 120
 
 
+# slow: submitit starts a fresh interpreter per job (~1 min of CPU); Hydra's launcher plugin, not fedrun's code
+@pytest.mark.slow
 def test_submitit_local_launcher(tmp_path, shared_data):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     p = subprocess.run(FEDRUN + ["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",

@@ -1,4 +1,5 @@
-"""Checkpoint / resume / interruption / divergence, through the real `fedrun` command."""
+"""Checkpoint / resume / interruption / divergence through the `fedrun` command: a real process where one is killed,
+else the command's code path in this process (tests/conftest.py: fedrun_in_process)."""
 
 import csv
 import os
@@ -9,14 +10,18 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 FEDRUN = [sys.executable, "-m", "fedrun.cli"]
-ARGS = ["~experiment", "scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "lr=0.05", "batch_size=10", "dataset=mnist", "model=lenet5", "rounds=8", "num_clients=10", "sample_rate=0.5", "local_steps=2",
+# evaluation (10,000 test images) is most of a round's cost: every 4th round (and the last) is enough to compare
+ARGS = ["~experiment", "scheme=fl_std", "dp=false", "r=1.0", "eval_every=4", "lr=0.05", "batch_size=10", "dataset=mnist", "model=lenet5", "rounds=8", "num_clients=10", "sample_rate=0.5", "local_steps=2",
         "progress=log", "checkpoint_every=1"]
 
 
 def _env(shared_data):
-    return {**os.environ, "FEDRUN_DATA": str(shared_data), "MLFLOW_TRACKING_URI": "", "PYTHONWARNINGS": "ignore"}
+    # the command's torch threads as in this process (the reference run below runs here)
+    return {**os.environ, "FEDRUN_DATA": str(shared_data), "MLFLOW_TRACKING_URI": "", "PYTHONWARNINGS": "ignore",
+            "OMP_NUM_THREADS": str(torch.get_num_threads())}
 
 
 def _rows(run_dir: Path):
@@ -53,17 +58,25 @@ def _history(cwd: Path, metric: str):
     return runs[0], sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, metric))
 
 
-def test_sigkill_then_resume_equals_uninterrupted(tmp_path, shared_data):
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    p = subprocess.run(FEDRUN + ARGS, cwd=ref, env=_env(shared_data), capture_output=True, text=True, timeout=600)
+def _in_process(fedrun_in_process, monkeypatch, shared_data, args) -> subprocess.CompletedProcess:
+    """The command's code path in this process (with _env's variables): no new interpreter and data load."""
+    for k, v in _env(shared_data).items():
+        if k in ("FEDRUN_DATA", "MLFLOW_TRACKING_URI"):
+            monkeypatch.setenv(k, v)
+    return subprocess.CompletedProcess(["fedrun"], *fedrun_in_process(args))
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path, shared_data, fedrun_in_process, monkeypatch,
+                                                  full_test_split):
+    # the uninterrupted reference: the same command in this process (in tmp_path; the runs below are in work/)
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data, ARGS + ["tracking=none"])
     assert p.returncode == 0, p.stderr
-    expected = _rows(_run_dirs(ref)[0])
+    expected = _rows(_run_dirs(tmp_path)[0])
 
     work = tmp_path / "work"
     work.mkdir()
     proc = _start(work, shared_data)
-    run_dir = _wait_rounds(work, 3, proc)
+    run_dir = _wait_rounds(work, 2, proc)
     proc.kill()  # SIGKILL: no chance to clean up
     proc.wait()
     assert len(_rows(run_dir)) < 8
@@ -72,11 +85,15 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, shared_data):
     assert p.returncode == 0, p.stderr
     assert "resuming" in p.stdout + p.stderr
     assert _rows(run_dir) == expected  # same folder, every round once, same values
-    run, steps = _history(work, "test_accuracy")
+    run, steps = _history(work, "uplink_bytes_total")
     assert steps == list(range(1, 9))  # no duplicated or missing step in the same MLflow run
+    _, evaluated = _history(work, "test_accuracy")
+    assert evaluated == [4, 8]
     assert run.info.status == "FINISHED"
 
 
+# slow: three more interpreters and runs (~1 min of CPU); resuming is covered by the SIGKILL test above
+@pytest.mark.slow
 def test_sigterm_saves_marks_killed_and_says_how_to_resume(tmp_path, shared_data):
     proc = _start(tmp_path, shared_data)
     _wait_rounds(tmp_path, 2, proc)
@@ -98,17 +115,16 @@ def test_sigterm_saves_marks_killed_and_says_how_to_resume(tmp_path, shared_data
     assert again.returncode == 2 and "already finished" in again.stderr
 
 
-def test_divergence_stops_keeps_metrics_and_marks_failed(tmp_path, shared_data):
-    p = subprocess.run(FEDRUN + ["~experiment", "scheme=fl_std", "dp=false", "dataset=lending_club", "local_mode=gd", "lr=5", "rounds=20", "sampler=all",
-                                 "progress=log"], cwd=tmp_path, env=_env(shared_data), capture_output=True,
-                       text=True, timeout=600)
+def test_divergence_stops_keeps_metrics_and_marks_failed(tmp_path, shared_data, fedrun_in_process, monkeypatch):
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data,
+                    ["~experiment", "scheme=fl_std", "dp=false", "dataset=lending_club", "local_mode=gd", "lr=5", "rounds=20", "sampler=all",
+                     "progress=log"])
     assert p.returncode == 1 and "diverged" in p.stderr and "Traceback" not in p.stderr
     run, steps = _history(tmp_path, "uplink_bytes_total")
     assert run.info.status == "FAILED" and "diverged" in run.data.tags["fedrun.failure_reason"]
     assert steps and steps == list(range(1, len(steps) + 1)) and len(steps) < 20
 
 
-def test_resume_without_checkpoint_is_a_clear_error(tmp_path, shared_data):
-    p = subprocess.run(FEDRUN + ARGS + ["resume=true", "tracking=none"], cwd=tmp_path, env=_env(shared_data),
-                       capture_output=True, text=True, timeout=600)
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path, shared_data, fedrun_in_process, monkeypatch):
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data, ARGS + ["resume=true", "tracking=none"])
     assert p.returncode == 2 and "no unfinished checkpoint of this configuration" in p.stderr

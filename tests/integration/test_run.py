@@ -71,7 +71,7 @@ def test_same_seed_same_metrics_other_seed_differs(fast_cfg, tmp_path):
     assert runs["a"] != runs["c"]
 
 
-def test_sequential_path_gives_the_same_run(fast_cfg, tmp_path):
+def test_sequential_path_gives_the_same_run(fast_cfg, tmp_path, full_test_split):  # bound below: of 10,000 images
     a = run(fast_cfg("dataset=mnist", "model=lenet5"), out_dir=tmp_path / "v")
     b = run(fast_cfg("dataset=mnist", "model=lenet5", "vectorized=false"), out_dir=tmp_path / "s")
     # two float32 training paths: at most 2 of the 10,000 test predictions may flip (a near-tie of two logits)
