@@ -65,17 +65,20 @@ def _fingerprint(d) -> tuple:
 
 class _Datasets:
     """``fedrun.run.load_dataset`` memoised on its arguments and the variables that decide where data are looked
-    for (a test with its own data folder or cache gets its own load)."""
+    for (a test with its own data folder or cache gets its own load); loads of the same files with the same
+    content share one Dataset, so memory holds each dataset once."""
 
     def __init__(self, load):
         self.load = load
         self.memo: dict = {}
+        self.by_content: dict = {}
 
     def full(self, name, data_root=None, *args, **kwargs):
         key = (name, str(data_root), args, tuple(sorted(kwargs.items())), tuple(os.environ.get(v) for v in _DATA_ENV))
         if key not in self.memo:
             d = self.load(name, data_root, *args, **kwargs)
-            self.memo[key] = (d, _fingerprint(d))
+            fp = _fingerprint(d)
+            self.memo[key] = (self.by_content.setdefault((d.name, d.source, fp), d), fp)
         return self.memo[key][0]
 
     def small_test_split(self, name, data_root=None, *args, **kwargs):
@@ -90,16 +93,17 @@ class _Datasets:
 
 @pytest.fixture(scope="session", autouse=True)
 def _datasets_loaded_once():
-    """Runs in this process (run(cfg), build(cfg)) load each dataset once per session, and evaluate on the first
-    SMALL_TEST_SPLIT test samples (a test that needs the whole test split takes the ``full_test_split`` fixture).
-    A run never changes its Dataset; the teardown checks that none did."""
+    """Runs in this process (run(cfg), build(cfg), a transfer scheme's source data) load each dataset once per
+    session, and evaluate on the first SMALL_TEST_SPLIT test samples (a test that needs the whole test split takes
+    the ``full_test_split`` fixture). A run never changes its Dataset; the teardown checks that none did."""
+    import fedrun.data.sources as sources
     import fedrun.run as run_module
 
-    original = run_module.load_dataset
+    original = sources.load_dataset
     cache = _Datasets(original)
-    run_module.load_dataset = cache.small_test_split
+    sources.load_dataset = run_module.load_dataset = cache.small_test_split
     yield cache
-    run_module.load_dataset = original
+    sources.load_dataset = run_module.load_dataset = original
     changed = [k[0] for k, (d, fp) in cache.memo.items() if _fingerprint(d) != fp]
     assert not changed, f"a test changed the shared dataset(s) {changed} in place"
 
@@ -107,9 +111,11 @@ def _datasets_loaded_once():
 @pytest.fixture
 def full_test_split(_datasets_loaded_once, monkeypatch):
     """Runs in this test evaluate on the whole test split (still loaded once per session)."""
+    import fedrun.data.sources as sources
     import fedrun.run as run_module
 
     monkeypatch.setattr(run_module, "load_dataset", _datasets_loaded_once.full)
+    monkeypatch.setattr(sources, "load_dataset", _datasets_loaded_once.full)
 
 
 @pytest.fixture(autouse=True)
@@ -148,22 +154,13 @@ def fast_cfg(shared_data):
     return make
 
 
-def _forget_mlflow_stores() -> None:
-    """MLflow keeps one store per URI string for the process: the default ``sqlite:///mlflow.db`` is relative to
-    the folder of the first command that used it, not this one's (a command is a process of its own)."""
-    try:
-        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
-    except ImportError:
-        return
-    _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
-
-
 @pytest.fixture
 def fedrun_in_process(tmp_path, monkeypatch, capsys):
     """``fedrun_in_process(args)``: the `fedrun` Hydra app called in this process, in ``tmp_path``, as the console
     script calls it: (exit status, stdout, stderr). The same code path as the command without a new interpreter
     (seconds of imports) per call; the root logger's handlers are put back afterwards."""
     import logging
+    import logging.config
 
     from hydra.core.global_hydra import GlobalHydra
 
@@ -171,19 +168,29 @@ def fedrun_in_process(tmp_path, monkeypatch, capsys):
 
     monkeypatch.chdir(tmp_path)
 
+    def _forget_handlers_without_closing_them() -> None:
+        # logging.config.dictConfig (Hydra's job logging) closes every handler it replaces; in a test process
+        # those include handlers on pytest's capture files (absl's, pytest's own), and a closed capture file
+        # ends the whole session ('I/O operation on closed file'). The command itself is unchanged.
+        logging._handlers.clear()
+        del logging._handlerList[:]
+
+    monkeypatch.setattr(logging.config, "_clearExistingHandlers", _forget_handlers_without_closing_them)
+
     def call(args):
         GlobalHydra.instance().clear()
         monkeypatch.setattr(sys, "argv", ["fedrun", *args])
         before, level = list(logging.root.handlers), logging.root.level
+        if not os.environ.get("MLFLOW_TRACKING_URI"):  # the default store, ./mlflow.db, by its absolute path:
+            # MLflow keeps one store per URI string for the process, a relative one in the first test's folder
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
         capsys.readouterr()
-        _forget_mlflow_stores()
         try:
             cli.main()
             code = 0
         except SystemExit as exc:
             code = exc.code
         finally:
-            _forget_mlflow_stores()
             for h in [h for h in logging.root.handlers if h not in before]:
                 logging.root.removeHandler(h)
                 h.close()
