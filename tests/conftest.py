@@ -7,10 +7,13 @@ with a message when neither holds the files.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import importlib.util
 import os
+import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -116,6 +119,60 @@ def full_test_split(_datasets_loaded_once, monkeypatch):
 
     monkeypatch.setattr(run_module, "load_dataset", _datasets_loaded_once.full)
     monkeypatch.setattr(sources, "load_dataset", _datasets_loaded_once.full)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_store_template(tmp_path_factory):
+    """A new SQLite MLflow store made in this process is a copy of one made once per session, instead of MLflow's
+    ~50 schema migrations (seconds each time); the copy is the same file the migrations give. The fixture's value,
+    ``mlflow_store_template(path)``, puts such a copy at ``path`` (a store a `fedrun` process will open), or is
+    None with an MLflow that makes its stores another way."""
+    try:
+        import sqlalchemy
+        from mlflow.store.db import utils as db_utils
+    except ImportError:
+        yield None
+        return
+    original = getattr(db_utils, "_initialize_tables", None)
+    if original is None:
+        yield None
+        return
+    template = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+
+    def copy_to(path) -> None:
+        if not template.exists():
+            blank = sqlalchemy.create_engine(f"sqlite:///{template}")
+            with warnings.catch_warnings():  # MLflow's models on SQLAlchemy's deprecations (its own filter is by module)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                original(blank)
+            blank.dispose()
+        shutil.copyfile(template, path)
+
+    def initialize_tables(engine):
+        url = engine.url
+        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+            return original(engine)
+        engine.dispose()  # no connection keeps the empty file open
+        copy_to(url.database)
+
+    db_utils._initialize_tables = initialize_tables
+    yield copy_to
+    db_utils._initialize_tables = original
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Give the memory a test freed back to the system: glibc keeps freed heap pages (torch's mid-sized buffers),
+    and over hundreds of tests the process would hold a GB more than it uses."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+try:
+    _LIBC = ctypes.CDLL("libc.so.6")
+    _LIBC.malloc_trim
+except (OSError, AttributeError):  # not glibc
+    _LIBC = None
 
 
 @pytest.fixture(autouse=True)

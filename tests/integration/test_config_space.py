@@ -92,7 +92,7 @@ def _check(fast_cfg, tmp_path_factory, monkeypatch, overrides):
     OUTCOMES["ran"].append(overrides)
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
           derandomize=True)
 @given(overrides=configs())
 def test_every_combination_runs_or_fails_clearly(fast_cfg, tmp_path_factory, cached_loader, monkeypatch, overrides):

@@ -62,6 +62,7 @@ def mlflow_server(tmp_path):
 # slow: an MLflow server process plus a sweep of fresh interpreters (~1 min of CPU); the sweep and its
 # grouping are in the fast suite through the joblib launcher (tests/integration/test_cli.py)
 @pytest.mark.slow
+@pytest.mark.process
 def test_sweep_against_a_tracking_server_over_http(tmp_path, shared_data, mlflow_server):
     p = subprocess.run(FEDRUN + ["-m", "seed=0,1"] + TINY, cwd=tmp_path,
                        env=_env(shared_data, MLFLOW_TRACKING_URI=mlflow_server), capture_output=True, text=True,
@@ -76,11 +77,12 @@ def test_sweep_against_a_tracking_server_over_http(tmp_path, shared_data, mlflow
         assert "metrics.csv" in {a.path for a in client.list_artifacts(r.info.run_id)}
 
 
-def test_unreachable_tracking_server_fails_fast(tmp_path, shared_data):
+def test_unreachable_tracking_server_fails_fast(shared_data, fedrun_in_process, monkeypatch):
     port = _free_port()  # nothing listens there
+    monkeypatch.setenv("FEDRUN_DATA", str(shared_data))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
     t0 = time.time()
-    p = subprocess.run(FEDRUN + TINY, cwd=tmp_path, env=_env(shared_data, MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}"),
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.CompletedProcess(["fedrun"], *fedrun_in_process(TINY))  # the command's code path, in this process
     assert p.returncode == 2 and "is not reachable" in p.stderr and "Traceback" not in p.stderr
     assert "round" not in p.stdout  # no training happened
     assert time.time() - t0 < 120
@@ -88,6 +90,7 @@ def test_unreachable_tracking_server_fails_fast(tmp_path, shared_data):
 
 # slow: submitit starts a fresh interpreter per job (~1 min of CPU); Hydra's launcher plugin, not fedrun's code
 @pytest.mark.slow
+@pytest.mark.process
 def test_submitit_local_launcher(tmp_path, shared_data):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     p = subprocess.run(FEDRUN + ["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",

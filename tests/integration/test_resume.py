@@ -58,16 +58,20 @@ def _history(cwd: Path, metric: str):
     return runs[0], sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, metric))
 
 
-def _in_process(fedrun_in_process, monkeypatch, shared_data, args) -> subprocess.CompletedProcess:
-    """The command's code path in this process (with _env's variables): no new interpreter and data load."""
+def _in_process(fedrun_in_process, monkeypatch, shared_data, args, uri: str = "") -> subprocess.CompletedProcess:
+    """The command's code path in this process (with _env's variables; ``uri``: MLflow's, else ./mlflow.db): no
+    new interpreter and data load."""
     for k, v in _env(shared_data).items():
         if k in ("FEDRUN_DATA", "MLFLOW_TRACKING_URI"):
             monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return subprocess.CompletedProcess(["fedrun"], *fedrun_in_process(args))
 
 
+@pytest.mark.slow  # a real process killed mid-run (~20 s): .ci/run runs it (-m process)
+@pytest.mark.process
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path, shared_data, fedrun_in_process, monkeypatch,
-                                                  full_test_split):
+                                                  full_test_split, mlflow_store_template):
     # the uninterrupted reference: the same command in this process (in tmp_path; the runs below are in work/)
     p = _in_process(fedrun_in_process, monkeypatch, shared_data, ARGS + ["tracking=none"])
     assert p.returncode == 0, p.stderr
@@ -75,13 +79,17 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, shared_data, fedrun_
 
     work = tmp_path / "work"
     work.mkdir()
+    if mlflow_store_template:  # the command finds its ./mlflow.db made (MLflow's migrations take seconds)
+        mlflow_store_template(work / "mlflow.db")
     proc = _start(work, shared_data)
     run_dir = _wait_rounds(work, 2, proc)
     proc.kill()  # SIGKILL: no chance to clean up
     proc.wait()
     assert len(_rows(run_dir)) < 8
-    p = subprocess.run(FEDRUN + ARGS + ["resume=true"], cwd=work, env=_env(shared_data), capture_output=True,
-                       text=True, timeout=600)
+    # resumed in this process, from what the killed command left in work/: its checkpoint and its ./mlflow.db
+    monkeypatch.chdir(work)
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data, ARGS + ["resume=true"],
+                    uri=f"sqlite:///{work / 'mlflow.db'}")
     assert p.returncode == 0, p.stderr
     assert "resuming" in p.stdout + p.stderr
     assert _rows(run_dir) == expected  # same folder, every round once, same values
@@ -94,6 +102,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, shared_data, fedrun_
 
 # slow: three more interpreters and runs (~1 min of CPU); resuming is covered by the SIGKILL test above
 @pytest.mark.slow
+@pytest.mark.process
 def test_sigterm_saves_marks_killed_and_says_how_to_resume(tmp_path, shared_data):
     proc = _start(tmp_path, shared_data)
     _wait_rounds(tmp_path, 2, proc)
