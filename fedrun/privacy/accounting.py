@@ -13,20 +13,57 @@ Cost (2-core CI machine; see tests): ε after T = 200 rounds of a q = 0.1 Poisso
 ~0.03–0.08 s with RDP and ~0.2–0.8 s with PLD (σ = 2 … 1). ``PrivacyAccountant`` therefore keeps a running
 RDP curve (each round adds a cached vector: ε after every round costs ~0.1 ms) and computes PLD on demand
 only (``epsilon("pld")``/``summary()``: rebuilt from the grouped event list, cached until the next event).
+
+Bounded cost, whatever the parameters (σ → 0 or huge, q → 0 or 1, up to 1e18 rounds, any δ in (0, 1)):
+every call — compute_epsilon, gaussian_composition_epsilon, PrivacyAccountant.epsilon/summary, with "rdp" or
+"pld" — answers with a valid upper bound on ε (possibly ``math.inf``) or raises a one-line ``ValueError``
+naming the bad value and what is allowed; none allocates without bound. (Before, a PLD for σ = 1e-6,
+q = 0.25 asked numpy for 35.5 PiB; a smaller ask would have exhausted the machine.)
+
+* A PLD grid has ≈ (privacy-loss range)/(discretization) points: one Gaussian release spans
+  ≈ 1/σ² + 20/σ (sensitivity 1, tails cut at e⁻⁵⁰; about half with subsampling), T releases without
+  subsampling one Gaussian with σ/√T, and a T-fold self-composition of a subsampled release dp_accounting's
+  Chernoff window, which grows with T. Before building anything, ``_plan_pld`` predicts these sizes: exactly
+  from dp_accounting's ``connect_dots_bounds`` (nothing built), and the windows from dp_accounting's own
+  ``compute_self_convolve_bounds`` on a probe of ≤ 4096 points (the grid itself when it is that small),
+  with a 25 % margin. Their sum — built points of subsampled grids counted 3× (~10 µs each to build, a plain
+  Gaussian's ~3.5 µs) — must stay within ``_PLD_MAX_POINTS`` = 2²⁰: a few seconds and ~0.2 GB per call at
+  most (measured on the loaded 2-core machine: see tests/unit/test_accounting_bounds.py).
+* Within the budget at discretization 1e-4, nothing changes (e.g. σ/√T ≥ 0.25 with q = 1; σ = 1, q = 0.1,
+  T = 200; σ = 0.7, q = 0.0043, T = 10⁴). Above it, the discretization is coarsened until the prediction
+  fits — a pessimistic PLD is an upper bound at any discretization, only a looser one; in practice ε moves
+  by < 1e-8 relative — and the answer is min(that PLD bound, the RDP bound), both upper bounds.
+* The RDP bound is the "pld" answer too when the RDP ε already exceeds ``_MEANINGLESS_EPSILON`` = 1e4 (no
+  meaningful privacy: a PLD would cost seconds and not change that), when even discretization
+  ``_PLD_MAX_DISCRETIZATION`` = 0.1 would not fit, when more than ``_PLD_MAX_EVENT_KINDS`` = 16 distinct
+  subsampled/Laplace events were composed, or when a release's loss is 0 in floating point (dp_accounting
+  would self-compose its one-point grid T times, one by one). Which path was taken is logged (INFO) and
+  kept in ``PrivacyAccountant.pld_info`` and ``summary()["pld_discretization"]`` (NaN: RDP stood in).
+* RDP costs ≤ ~1 s for any σ, q, T. dp_accounting's arithmetic breaks at the extremes (its RDP returned
+  ε = 0 at σ = 1e-154, q = 0.5; its PLD overflows at σ ≈ 1e154): noise multipliers below 1e-30 count as no
+  noise (ε = ∞), above 1e100 as 1e100, Laplace scales above 1e300 as 1e300 — less noise than was added, so
+  still upper bounds.
+* Gaussian releases without subsampling compose exactly into one Gaussian with σ = (Σ σᵢ⁻²)^(-1/2), so
+  ``gaussian_composition_epsilon`` builds one grid whatever the number of distinct σᵢ.
+* ``calibrate_noise_multiplier`` makes a bounded number of such calls (≤ ~250 per accountant; 10–20 usually).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import operator
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import dp_accounting
 import numpy as np
 from absl import logging as absl_logging
 from dp_accounting import pld, rdp
+from dp_accounting.pld import common as pld_common
+from dp_accounting.pld import privacy_loss_distribution, privacy_loss_mechanism
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from fedrun.privacy.mechanisms import (
@@ -52,6 +89,7 @@ __all__ = [
 # dp_accounting warns (through absl) for every fractional RDP order whose series it cannot converge and
 # then drops that order — harmless for the bound (fewer orders = still valid) but noisy on every run.
 absl_logging.set_verbosity(absl_logging.ERROR)
+_log = logging.getLogger(__name__)
 
 ACCOUNTANTS = ("rdp", "pld")
 _NEIGHBORS = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -59,6 +97,19 @@ _PLD_DISCRETIZATION = 1e-4
 _MIN_NOISE_MULTIPLIER = 1e-2
 _MAX_NOISE_MULTIPLIER = 1e6
 _CALIBRATION_TOLERANCE = 0.01  # calibrated ε lies in [(1 - tol)·target, target]
+# Bounded PLD evaluation (see the module docstring).
+_PLD_MAX_POINTS = 1 << 20  # Σ over the grids of max(weight × built points, self-convolution length)
+_SUBSAMPLED_BUILD_WEIGHT = 3.0  # a subsampled grid point costs ~3× a plain Gaussian's to build (~10 µs)
+_PLD_MAX_DISCRETIZATION = 0.1  # coarser than this: the RDP bound answers instead
+_PLD_MAX_EVENT_KINDS = 16  # distinct subsampled/Laplace events (each builds its own grid and probes)
+_PLD_PROBE_POINTS = 4096  # grid of the probe that measures a self-composition's Chernoff window
+_PLD_WINDOW_SAFETY = 1.25  # margin on the probe's window (and next_fast_len rounding)
+_PLD_TAIL_MASS_TRUNCATION = 1e-15  # dp_accounting's default in self_compose
+_MEANINGLESS_EPSILON = 1e4  # RDP bound above this: no PLD is built (it cannot make ε meaningful)
+_NEGLIGIBLE_NOISE_MULTIPLIER = 1e-30  # below: no noise (RDP arithmetic overflows near 1e-154)
+_MAX_ROUNDS = 10**18  # more would overflow float arithmetic (and no run has them)
+_HUGE_NOISE_MULTIPLIER = 1e100  # above: treated as 1e100 (less noise; PLD arithmetic overflows near 1e154)
+_ALMOST_ONE = 1 - 1e-9  # sampling probabilities above: treated as 1 (PLD arithmetic fails at 1 − q ≲ 1e-12)
 
 
 # ------------------------------------------------------------------------------------------------ validation
@@ -87,8 +138,8 @@ def _check_rounds(rounds: int) -> int:
         r = operator.index(rounds)
     except TypeError:
         raise ValueError(f"rounds={rounds!r} must be an integer ≥ 1") from None
-    if r < 1:
-        raise ValueError(f"rounds={rounds!r} is outside [1, inf)")
+    if not 1 <= r <= _MAX_ROUNDS:
+        raise ValueError(f"rounds={rounds!r} is outside [1, {_MAX_ROUNDS:.0e}]")
     return r
 
 
@@ -137,20 +188,281 @@ def event_from_dict(d: dict[str, Any]) -> Event:
     return EVENT_TYPES[name](**fields)
 
 
-def _accountant(accountant: str) -> dp_accounting.PrivacyAccountant:
-    if accountant == "rdp":
-        return rdp.RdpAccountant(neighboring_relation=_NEIGHBORS)
-    return pld.PLDAccountant(neighboring_relation=_NEIGHBORS, value_discretization_interval=_PLD_DISCRETIZATION)
+def _accounting_event(event: Event) -> dp_accounting.DpEvent:
+    """``to_dp_event``, made safe for dp_accounting's arithmetic: a noise multiplier below
+    ``_NEGLIGIBLE_NOISE_MULTIPLIER`` counts as no noise (ε = ∞, a valid bound; dp_accounting's RDP
+    overflows there and even returned ε = 0 at σ = 1e-154); a noise multiplier above
+    ``_HUGE_NOISE_MULTIPLIER`` and a Laplace scale 1/ε that overflows to ∞ are lowered to 1e100 and 1e300
+    (less noise than was added: still an upper bound; dp_accounting's PLD overflows at σ ≈ 1e154), and a
+    sampling probability above 1 − 1e-9 is raised to 1 (more sampling: still an upper bound)."""
+    dp_event = to_dp_event(event)
+    if isinstance(dp_event, dp_accounting.LaplaceDpEvent) and not dp_event.noise_multiplier <= 1e300:
+        return dp_accounting.LaplaceDpEvent(1e300)
+    sampled = isinstance(dp_event, dp_accounting.PoissonSampledDpEvent)
+    inner = dp_event.event if sampled else dp_event
+    if not isinstance(inner, dp_accounting.GaussianDpEvent):
+        return dp_event
+    if inner.noise_multiplier < _NEGLIGIBLE_NOISE_MULTIPLIER:
+        return dp_accounting.NonPrivateDpEvent()
+    if inner.noise_multiplier > _HUGE_NOISE_MULTIPLIER:
+        inner = dp_accounting.GaussianDpEvent(_HUGE_NOISE_MULTIPLIER)
+    if sampled and dp_event.sampling_probability > _ALMOST_ONE:
+        return inner  # q = 1: ε only grows with q (dp_accounting's PLD breaks at 1 − q ≲ 1e-12)
+    return dp_accounting.PoissonSampledDpEvent(dp_event.sampling_probability, inner) if sampled else inner
 
 
-def _epsilon_of_counts(counts: dict[Event, int], delta: float, accountant: str) -> float:
-    """ε of the composition of ``count`` copies of each event (composition is order-free)."""
-    if not counts:
-        return 0.0
-    acc = _accountant(accountant)
+def _event_kinds(counts: dict[Event, int]) -> tuple[list[tuple[dp_accounting.DpEvent, int]], bool]:
+    """``(kinds, non_private)``: the distinct dp_accounting events with their counts (no-ops dropped), and
+    whether any event added no noise. Several Gaussian kinds (no subsampling) are merged exactly into one
+    Gaussian with σ = (Σ count·σ⁻²)^(-1/2), in the place of the first — one grid instead of one per σ; a
+    single Gaussian kind is left as it is (σ/√count inside dp_accounting)."""
+    merged: Counter[dp_accounting.DpEvent] = Counter()
+    non_private = False
     for event, count in counts.items():
-        acc.compose(to_dp_event(event), int(count))
-    return float(acc.get_epsilon(delta))
+        dp_event = _accounting_event(event)
+        if isinstance(dp_event, dp_accounting.NoOpDpEvent):
+            continue
+        if isinstance(dp_event, dp_accounting.NonPrivateDpEvent):
+            non_private = True
+            continue
+        merged[dp_event] += int(count)
+    gaussians = [(e, c) for e, c in merged.items() if isinstance(e, dp_accounting.GaussianDpEvent)]
+    if len(gaussians) <= 1:
+        return list(merged.items()), non_private
+    precision = math.fsum(c * (1.0 / e.noise_multiplier) ** 2 for e, c in gaussians)
+    if precision > 0:
+        sigma = precision**-0.5
+    else:  # every σ so large that σ⁻² underflows: σ_eff ≥ min σ/√(Σ count), so that is an upper bound
+        sigma = min(e.noise_multiplier for e, _ in gaussians) / math.sqrt(sum(c for _, c in gaussians))
+    kinds: list[tuple[dp_accounting.DpEvent, int]] = []
+    for e, c in merged.items():
+        if not isinstance(e, dp_accounting.GaussianDpEvent):
+            kinds.append((e, c))
+        elif e is gaussians[0][0]:
+            kinds.append((dp_accounting.GaussianDpEvent(sigma), 1))
+    return kinds, non_private
+
+
+def _rdp_epsilon(kinds: list[tuple[dp_accounting.DpEvent, int]], delta: float) -> float:
+    acc = rdp.RdpAccountant(neighboring_relation=_NEIGHBORS)
+    for dp_event, count in kinds:
+        acc.compose(dp_event, count)
+    return _clean_epsilon(acc.get_epsilon(delta))
+
+
+def _clean_epsilon(eps: float) -> float:
+    eps = float(eps)
+    return math.inf if math.isnan(eps) else max(eps, 0.0)
+
+
+# --------------------------------------------------------------------------------------- bounded PLD plan
+@dataclass(frozen=True)
+class _GridShape:
+    """One grid a PLD evaluation builds: privacy-loss range [low, high] of the discretized single event, and
+    (for a self-composition) the Chernoff window ``window`` (in privacy-loss units) of the composed one.
+    ``weight``: cost of building one point relative to a plain Gaussian's (~3.5 µs; subsampled ~3×)."""
+
+    low: float
+    high: float
+    window: float | None = None
+    weight: float = 1.0
+
+    def built_points(self, interval: float) -> float:
+        """Points of the single-event grid at ``interval`` — exactly dp_accounting's connect-the-dots count."""
+        if (self.high - self.low) / interval > 1e15:
+            return math.inf
+        return float(math.ceil(self.high / interval) - math.floor(self.low / interval) + 1)
+
+    def points(self, interval: float) -> float:
+        """max(weight × points built, self-convolution length) at ``interval``: what the budget counts."""
+        built = self.weight * self.built_points(interval)
+        if self.window is None:
+            return built
+        return max(built, _PLD_WINDOW_SAFETY * self.window / interval + 1)
+
+
+@dataclass(frozen=True)
+class PldPlan:
+    """How a "pld" ε was (or will be) obtained: ``method`` is ``"pld"`` (discretization 1e-4, unchanged),
+    ``"pld-coarse"`` (coarser ``discretization``; answer min(PLD, RDP)) or ``"rdp"`` (the RDP bound stands
+    in; ``discretization`` is NaN); ``grid_points`` is the predicted total grid size."""
+
+    method: str
+    discretization: float
+    grid_points: float
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "discretization": self.discretization,
+                "grid_points": self.grid_points, "reason": self.reason}
+
+
+def _single_pld(
+    dp_event: dp_accounting.DpEvent, count: int, interval: float
+) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """The single-event PLD that ``PLDAccountant`` builds for ``count`` copies of ``dp_event`` (before
+    ``self_compose(count)``; Gaussian kinds fold the count into σ/√count as it does)."""
+    if isinstance(dp_event, dp_accounting.GaussianDpEvent):
+        return privacy_loss_distribution.from_gaussian_mechanism(
+            dp_event.noise_multiplier / math.sqrt(count), value_discretization_interval=interval,
+            neighboring_relation=_NEIGHBORS)
+    if isinstance(dp_event, dp_accounting.PoissonSampledDpEvent):
+        return privacy_loss_distribution.from_gaussian_mechanism(
+            dp_event.event.noise_multiplier, value_discretization_interval=interval,
+            sampling_prob=dp_event.sampling_probability, neighboring_relation=_NEIGHBORS)
+    return privacy_loss_distribution.from_laplace_mechanism(
+        dp_event.noise_multiplier, value_discretization_interval=interval)
+
+
+def _loss_ranges(dp_event: dp_accounting.DpEvent, count: int) -> list[tuple[float, float]]:
+    """Privacy-loss range of each grid (REMOVE, and ADD when asymmetric) dp_accounting builds for the kind —
+    its own ``connect_dots_bounds``, so the predicted grid size is exact; no grid is built."""
+    adjacency = privacy_loss_mechanism.AdjacencyType
+    if isinstance(dp_event, dp_accounting.GaussianDpEvent):
+        losses = [privacy_loss_mechanism.GaussianPrivacyLoss(dp_event.noise_multiplier / math.sqrt(count))]
+    elif isinstance(dp_event, dp_accounting.PoissonSampledDpEvent):
+        losses = [privacy_loss_mechanism.GaussianPrivacyLoss(
+            dp_event.event.noise_multiplier, sampling_prob=dp_event.sampling_probability, adjacency_type=a)
+            for a in (adjacency.REMOVE, adjacency.ADD)]
+    else:
+        losses = [privacy_loss_mechanism.LaplacePrivacyLoss(dp_event.noise_multiplier)]
+    ranges = []
+    for loss in losses:
+        b = loss.connect_dots_bounds()
+        ranges.append((float(b.epsilon_lower), float(b.epsilon_upper)))
+    return ranges
+
+
+def _build_weight(dp_event: dp_accounting.DpEvent) -> float:
+    return _SUBSAMPLED_BUILD_WEIGHT if isinstance(dp_event, dp_accounting.PoissonSampledDpEvent) else 1.0
+
+
+def _grid_shapes(
+    dp_event: dp_accounting.DpEvent, count: int, ranges: list[tuple[float, float]], interval: float
+) -> list[_GridShape] | None:
+    """The grids of one kind at discretization ``interval``. A self-composition (count > 1, not a Gaussian)
+    spans the Chernoff window that dp_accounting's ``self_convolve`` computes from the grid; it is measured
+    on a probe: the grid itself when that has ≤ ``_PLD_PROBE_POINTS`` points (exact), else the same grid at
+    a discretization giving that many points (the window in privacy-loss units then hardly depends on the
+    discretization: it is far below the spread of one event's loss). None when the probe would need a
+    discretization above ``_PLD_MAX_DISCRETIZATION`` (the kind is then too large for any grid anyway)."""
+    weight = _build_weight(dp_event)
+    if count == 1 or isinstance(dp_event, dp_accounting.GaussianDpEvent):
+        return [_GridShape(lo, hi, None, weight) for lo, hi in ranges]
+    width = max(hi - lo for lo, hi in ranges)
+    probe_interval = max(interval, width / _PLD_PROBE_POINTS)
+    if probe_interval > _PLD_MAX_DISCRETIZATION:
+        return None
+    probe = _single_pld(dp_event, 1, probe_interval)
+    pmfs = [probe._pmf_remove] if probe._symmetric else [probe._pmf_remove, probe._pmf_add]  # noqa: SLF001
+    shapes = []
+    for (lo, hi), pmf in zip(ranges, pmfs):
+        probs = pmf.to_dense_pmf()._probs  # noqa: SLF001
+        low, high = pld_common.compute_self_convolve_bounds(probs, count, _PLD_TAIL_MASS_TRUNCATION)
+        shapes.append(_GridShape(lo, hi, (high - low + 1) * probe_interval, weight))
+    return shapes
+
+
+def _plan_pld(
+    kinds: list[tuple[dp_accounting.DpEvent, int]], rdp_epsilon: Callable[[], float]
+) -> PldPlan:
+    """Choose how to answer a "pld" query within ``_PLD_MAX_POINTS`` grid points (see module docstring)."""
+    budget = _PLD_MAX_POINTS
+    if not kinds:
+        return PldPlan("pld", _PLD_DISCRETIZATION, 0.0)
+    complex_kinds = sum(not isinstance(e, dp_accounting.GaussianDpEvent) for e, _ in kinds)
+    if complex_kinds > _PLD_MAX_EVENT_KINDS:
+        return PldPlan("rdp", math.nan, math.inf, f"{complex_kinds} distinct events > {_PLD_MAX_EVENT_KINDS}")
+    ranges = [(e, c, _loss_ranges(e, c)) for e, c in kinds]  # exact, nothing built
+    for e, c, rs in ranges:
+        if c > 1 and not isinstance(e, dp_accounting.GaussianDpEvent) and any(lo == hi == 0 for lo, hi in rs):
+            # Loss ≡ 0 in floating point (σ ≈ 1e100, or q ≈ 1e-300): a one-point grid, which dp_accounting
+            # self-composes one copy at a time (count steps). The RDP bound (≈ 0 here) answers instead.
+            return PldPlan("rdp", math.nan, math.inf, f"one-point grid composed {c} times")
+
+    probes: dict[tuple[int, float], list[_GridShape] | None] = {}
+
+    def grid_points(interval: float) -> float:
+        total = 0.0
+        for i, (e, c, rs) in enumerate(ranges):
+            width = max(hi - lo for lo, hi in rs)
+            key = (i, max(interval, width / _PLD_PROBE_POINTS))  # same probe ⇒ same shapes
+            if key not in probes:
+                probes[key] = _grid_shapes(e, c, rs, interval)
+            shapes = probes[key]
+            if shapes is None:
+                return math.inf
+            total += sum(g.points(interval) for g in shapes)
+        return total
+
+    # The single grids alone first (no probe): whether probing at 1e-4 is worth it, and a first interval.
+    single_points = sum(
+        _GridShape(lo, hi, None, _build_weight(e)).points(_PLD_DISCRETIZATION) for e, _, rs in ranges for lo, hi in rs)
+    if single_points <= budget:
+        points = grid_points(_PLD_DISCRETIZATION)
+        if points <= budget:
+            return PldPlan("pld", _PLD_DISCRETIZATION, points)
+    eps_rdp = rdp_epsilon()
+    if not eps_rdp <= _MEANINGLESS_EPSILON:
+        return PldPlan("rdp", math.nan, math.inf, f"RDP epsilon {eps_rdp:.3g} > {_MEANINGLESS_EPSILON:g}")
+    interval = _PLD_DISCRETIZATION * max(1.0, single_points / budget)
+    points = grid_points(interval) if interval <= _PLD_MAX_DISCRETIZATION else math.inf
+    for _ in range(12):  # points ≈ ∝ 1/interval (plus a few per grid): converges in a few steps
+        if points <= budget or interval > _PLD_MAX_DISCRETIZATION:
+            break
+        interval *= 1.02 * points / budget
+        points = grid_points(interval) if interval <= _PLD_MAX_DISCRETIZATION else math.inf
+    if not points <= budget:
+        return PldPlan("rdp", math.nan, math.inf, f"no grid of ≤ {budget} points at discretization "
+                       f"≤ {_PLD_MAX_DISCRETIZATION:g}")
+    reason = f"grid at discretization {_PLD_DISCRETIZATION:g} exceeds {budget} points"
+    return PldPlan("pld-coarse", interval, points, reason)
+
+
+def _pld_epsilon(
+    kinds: list[tuple[dp_accounting.DpEvent, int]], delta: float, rdp_epsilon: Callable[[], float]
+) -> tuple[float, PldPlan]:
+    """PLD ε (a valid upper bound) of the composition of the kinds, computed within the grid budget."""
+    try:
+        plan = _plan_pld(kinds, rdp_epsilon)
+        if plan.method == "rdp":
+            eps = rdp_epsilon()
+        else:
+            acc = pld.PLDAccountant(
+                neighboring_relation=_NEIGHBORS, value_discretization_interval=plan.discretization)
+            for dp_event, count in kinds:
+                acc.compose(dp_event, count)
+            eps = _clean_epsilon(acc.get_epsilon(delta))
+    except (ArithmeticError, ValueError) as exc:  # dp_accounting's numerics at an extreme: RDP still bounds ε
+        plan = PldPlan("rdp", math.nan, math.inf, f"PLD failed: {type(exc).__name__}: {exc}")
+        eps = rdp_epsilon()
+    if plan.method != "pld":
+        _log.info("PLD accounting: %s (%s)", plan.method, plan.reason)
+    if plan.method == "pld-coarse":
+        eps = min(eps, rdp_epsilon())
+    return eps, plan
+
+
+def _epsilon_of_counts(
+    counts: dict[Event, int], delta: float, accountant: str, rdp_epsilon: Callable[[], float] | None = None
+) -> tuple[float, PldPlan | None]:
+    """ε of the composition of ``count`` copies of each event (composition is order-free), and the PLD plan
+    (None for "rdp" and trivial cases). ``rdp_epsilon``: the RDP bound of the same events, if known."""
+    kinds, non_private = _event_kinds(counts)
+    if non_private:
+        return math.inf, None
+    if not kinds:
+        return 0.0, None
+    if accountant == "rdp":
+        return _rdp_epsilon(kinds, delta), None
+    cache: list[float] = []
+
+    def cached_rdp_epsilon() -> float:
+        if not cache:
+            cache.append(rdp_epsilon() if rdp_epsilon is not None else _rdp_epsilon(kinds, delta))
+        return cache[0]
+
+    return _pld_epsilon(kinds, delta, cached_rdp_epsilon)
 
 
 # ------------------------------------------------------------------------------------------------ public API
@@ -172,7 +484,7 @@ def compute_epsilon(
     _check_delta(delta)
     _check_accountant(accountant)
     event = PoissonGaussianEvent(float(noise_multiplier), float(sampling_probability))
-    return _epsilon_of_counts({event: rounds}, delta, accountant)
+    return _epsilon_of_counts({event: rounds}, delta, accountant)[0]
 
 
 def _smallest_feasible(
@@ -280,7 +592,7 @@ def gaussian_composition_epsilon(
         if not (isinstance(s, numbers.Real) and math.isfinite(s) and s >= 0):
             raise ValueError(f"noise_multipliers[{i}]={s!r} is outside [0, inf)")
         counts[GaussianEvent(float(s))] += 1
-    return _epsilon_of_counts(counts, delta, accountant)
+    return _epsilon_of_counts(counts, delta, accountant)[0]
 
 
 # ------------------------------------------------------------------------------------------------ stateful
@@ -290,7 +602,8 @@ class PrivacyAccountant:
     ``record`` adds the event's RDP vector (cached per distinct event) to a running RDP curve, so
     ``epsilon("rdp")`` after every round is cheap (~0.1 ms). ``epsilon("pld")`` and ``summary()`` rebuild a
     PLD from the event counts (one self-composition per distinct event; ~0.2–0.8 s for 200 rounds at
-    q = 0.1) and cache it until the next ``record``: call them every k rounds, not every round.
+    q = 0.1) and cache it until the next ``record``: call them every k rounds, not every round. The PLD is
+    built within a fixed grid budget (module docstring); ``pld_info`` says how the last PLD ε was obtained.
     """
 
     def __init__(self, delta: float) -> None:
@@ -300,16 +613,24 @@ class PrivacyAccountant:
         self._rdp_cache: dict[Event, np.ndarray] = {}
         self._orders = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
         self._rdp_curve = np.zeros_like(self._orders)
-        self._pld_cache: tuple[int, float] | None = None
+        self._pld_cache: tuple[int, float, PldPlan | None] | None = None
 
     @property
     def events(self) -> tuple[Event, ...]:
         """The events recorded so far, in order."""
         return tuple(self._events)
 
+    @property
+    def pld_info(self) -> dict[str, Any] | None:
+        """How the last ``epsilon("pld")`` was obtained: ``{"method": "pld" | "pld-coarse" | "rdp",
+        "discretization", "grid_points", "reason"}`` (None before any PLD ε, or when ε was trivially 0/∞)."""
+        if self._pld_cache is None or self._pld_cache[2] is None:
+            return None
+        return self._pld_cache[2].as_dict()
+
     def record(self, event: Event) -> None:
         """Compose one more event (one round)."""
-        dp_event = to_dp_event(event)  # validates the type
+        dp_event = _accounting_event(event)  # validates the type
         if event not in self._rdp_cache:
             acc = rdp.RdpAccountant(orders=self._orders, neighboring_relation=_NEIGHBORS)
             acc.compose(dp_event)
@@ -323,19 +644,28 @@ class PrivacyAccountant:
         if not self._events:
             return 0.0
         if accountant == "rdp":
-            eps, _ = rdp_privacy_accountant.compute_epsilon(self._orders, self._rdp_curve, self.delta)
-            return float(eps)
+            return self._rdp_epsilon()
         if self._pld_cache is None or self._pld_cache[0] != len(self._events):
-            self._pld_cache = (len(self._events), _epsilon_of_counts(Counter(self._events), self.delta, "pld"))
+            eps, plan = _epsilon_of_counts(Counter(self._events), self.delta, "pld", self._rdp_epsilon)
+            self._pld_cache = (len(self._events), eps, plan)
         return self._pld_cache[1]
 
+    def _rdp_epsilon(self) -> float:
+        eps, _ = rdp_privacy_accountant.compute_epsilon(self._orders, self._rdp_curve, self.delta)
+        return _clean_epsilon(eps)
+
     def summary(self) -> dict[str, float]:
-        """``{"epsilon_rdp", "epsilon_pld", "delta", "rounds"}`` — both accountants side by side."""
+        """``{"epsilon_rdp", "epsilon_pld", "delta", "rounds", "pld_discretization"}`` — both accountants
+        side by side; ``pld_discretization`` is the PLD grid's interval (1e-4 normally, coarser when the
+        grid budget required it, NaN when the RDP bound stood in for the PLD or ε was trivially 0 or ∞)."""
+        eps_pld = self.epsilon("pld")
+        info = self.pld_info
         return {
             "epsilon_rdp": self.epsilon("rdp"),
-            "epsilon_pld": self.epsilon("pld"),
+            "epsilon_pld": eps_pld,
             "delta": self.delta,
             "rounds": float(len(self._events)),
+            "pld_discretization": float(info["discretization"]) if info is not None else math.nan,
         }
 
     def state_dict(self) -> dict[str, Any]:
