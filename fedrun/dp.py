@@ -8,9 +8,25 @@ knows the model it broadcast, so noise on the uploaded model is the same noise o
 Noise scales (``fedrun.privacy.local``, derivation in its docstring): client l, n_l samples, T_l
 participations over the run, η = ``lr``, E = ``local_steps``, ζ = ``local_clip``:
 
-* Laplace, per coordinate scale  b_l = Δ₁·T_l/ε,                Δ₁ = 2ζηE/n_l (ζ an L1 bound)
-* Gaussian, per coordinate std   σ_l = Δ₂·√(2·T_l·ln(1.25/δ))/ε, Δ₂ = 2ζηE/n_l (ζ an L2 bound)
+* Laplace, per coordinate scale  b_l = Δ₁·T_l/ε                (ζ an L1 bound)
+* Gaussian, per coordinate std   σ_l = Δ₂·√(2·T_l·ln(1.25/δ))/ε  (ζ an L2 bound)
   (``local_dp_calibration=analytic``: σ_l = √T_l·Δ₂·σ_BW(ε, δ), the exact analytic Gaussian.)
+
+with Δ from ``local_dp_sensitivity`` (derivations in ``fedrun.privacy.local``, module doc 2):
+
+* ``proven`` (default): Δ = 2ζη/n_l + 2ζη(E−1) — no assumption on the model, the loss or the norm.
+* ``paper``: the paper's Δ = 2ζηE/n_l, accepted only where its condition is checked on the run's data: E
+  non-expansive gradient steps, an L2 argument. fedrun checks it for the linear model with MSE (model=lr,
+  Lending Club): η ≤ 2/β_l for every client that uploads, β_l = 2·λ_max(X̃_lᵀX̃_l)/n_l computed from the
+  client's rows. It is refused (one-line ConfigError) for the Laplace mechanism — L2 non-expansiveness does
+  not bound the L1 sensitivity Laplace needs — for any other model (β unknown, e.g. the FEMNIST CNN), and
+  where η > 2/β_l for some client (the error names the worst one).
+* ``paper_unchecked``: the paper's Δ without the check, on explicit request: the run logs a warning and is
+  marked conditional (summary ``ldp_sensitivity_conditional = 1``, tag ``dp.local_sensitivity_conditional``
+  from :meth:`LocalDP.tags`, with the reason — including the check's result where it can be computed).
+
+With E = 1 or ``local_clip_mode=batch`` the two values coincide and are proven whatever is chosen. For the
+linear model the summary also has the run's min 2/β_l (``ldp_two_over_beta_min``, ``…_client``).
 
 T_l must be known when the run starts, so only samplers with a deterministic participation count are
 allowed: ``round_robin`` (exact counts from :meth:`RoundRobinSampler.participations`) and ``all``
@@ -29,14 +45,14 @@ Deliberate choices on clip settings (each bad combination is a one-line :class:`
   √p·ζ₂ — set ``local_clip_ord=1`` instead). Gaussian accepts ord 2 (its own norm) or 1 (‖v‖₂ ≤ ‖v‖₁);
 * ``local_clip_mode=batch`` is allowed but uses its own, correct sensitivity 2ζηE — no 1/n_l, i.e. n_l times
   the noise of per-sample clipping (a warning is logged); the paper's scales need ``per_sample``;
-* ``local_dp_sensitivity``: ``paper`` (2ζηE/n_l: gradient steps non-expansive, true for the convex
-  Lending Club LR) or ``proven`` (2ζη/n_l + 2ζη(E−1): no assumption on the loss, e.g. for the CNN).
+* ``local_dp_sensitivity``: ``proven`` (default), ``paper`` (checked) or ``paper_unchecked`` (conditional), above.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,21 +60,45 @@ import torch
 
 from fedrun.config import ConfigError
 from fedrun.privacy.accounting import gaussian_composition_epsilon, laplace_basic_composition
-from fedrun.privacy.local import aggregated_noise_variance, gaussian_std, laplace_scale, sensitivity
+from fedrun.privacy.local import (
+    NonexpansiveCheck,
+    aggregated_noise_variance,
+    gaussian_std,
+    laplace_scale,
+    nonexpansive_check,
+    sensitivity,
+)
 from fedrun.privacy.mechanisms import gaussian_noise, laplace_noise
 from fedrun.sampling import AllSampler, RoundRobinSampler
 from fedrun.training import LocalSpec
 
 log = logging.getLogger("fedrun")
 
-__all__ = ["LocalDP", "make_local_dp", "MECHANISMS", "CALIBRATIONS", "SENSITIVITIES"]
+__all__ = ["LocalDP", "make_local_dp", "MECHANISMS", "CALIBRATIONS", "SENSITIVITIES", "SensitivityChoice"]
 
 MECHANISMS = ("laplace", "gaussian")
 CALIBRATIONS = ("classic", "analytic")
-SENSITIVITIES = ("paper", "proven")
+SENSITIVITIES = ("proven", "paper", "paper_unchecked")
+SENSITIVITY_ALTERNATIVES = "local_dp_sensitivity=proven (the default) or paper_unchecked (ε then conditional)"
 ALLOWED_SAMPLERS = "round_robin (exact T_l) or all (T_l = rounds)"
 _SAMPLER_NAMES = {"PoissonSampler": "poisson", "UniformSampler": "uniform", "RoundRobinSampler": "round_robin",
                   "AllSampler": "all"}
+
+
+@dataclass(frozen=True)
+class SensitivityChoice:
+    """Which Δ a run uses and on what it rests (``local_dp_sensitivity``; module doc).
+
+    ``nonexpansive``: the paper's 2ζηE/n_l is used (else the proven 2ζη/n_l + 2ζη(E−1)); ``conditional``: the
+    run's ε holds only under an assumption that was not verified (``reason`` says which, and what is known);
+    ``check``: η against 2/β_l per client, where it could be computed (linear model).
+    """
+
+    name: str
+    nonexpansive: bool
+    conditional: bool
+    reason: str
+    check: NonexpansiveCheck | None = None
 
 
 class LocalDP:
@@ -66,12 +106,14 @@ class LocalDP:
 
     ``participations[l]`` = T_l (the number of rounds client l will take part in), ``sizes[l]`` = n_l.
     Clients with T_l = 0 (never selected) or n_l = 0 (no data) get no noise and no events.
+    ``sensitivity_choice`` (set by :func:`make_local_dp`) records which Δ is used and whether the run's ε is
+    conditional; without it, ``nonexpansive=True`` with E > 1 and per-sample clipping counts as unchecked.
     """
 
     def __init__(self, mechanism: str, epsilon: float, clip_norm: float, lr: float, local_iters: int,
                  participations: np.ndarray, sizes: np.ndarray, *, delta: float | None = None,
                  clip_mode: str = "per_sample", nonexpansive: bool = True, calibration: str = "classic",
-                 accountant: str = "rdp") -> None:
+                 accountant: str = "rdp", sensitivity_choice: SensitivityChoice | None = None) -> None:
         if mechanism not in MECHANISMS:
             raise ValueError(f"mechanism={mechanism!r} is not one of {MECHANISMS}")
         if calibration not in CALIBRATIONS:
@@ -91,6 +133,18 @@ class LocalDP:
         self.clip_mode, self.nonexpansive, self.calibration = clip_mode, bool(nonexpansive), calibration
         self.accountant = accountant
         self.participations, self.sizes = participations, sizes
+        same = clip_mode == "batch" or self.local_iters == 1  # paper's Δ = proven Δ
+        if sensitivity_choice is None:
+            if self.nonexpansive and not same:
+                sensitivity_choice = SensitivityChoice("paper_unchecked", True, True,
+                                                       "non-expansive local steps assumed, not checked")
+            else:
+                sensitivity_choice = SensitivityChoice("paper" if self.nonexpansive else "proven", self.nonexpansive,
+                                                       False, "proven")
+        if sensitivity_choice.nonexpansive != self.nonexpansive:
+            raise ValueError(f"sensitivity_choice.nonexpansive={sensitivity_choice.nonexpansive} disagrees with "
+                             f"nonexpansive={self.nonexpansive}")
+        self.sensitivity_choice = sensitivity_choice
         n = len(sizes)
         self.sens = np.zeros(n)
         self.scales = np.zeros(n)  # Laplace scale b_l or Gaussian std σ_l, per coordinate
@@ -118,8 +172,13 @@ class LocalDP:
         #: scheme sent its uploads through ``privatize`` (schemes with their own round may not: no noise)
         self.scheme_name: str | None = None
         self._uploads = 0
+        #: rows noised since :meth:`start_round` (the simulation's privacy check compares them with the uploads)
+        self.round_noised_rows = 0
 
     # -- noise -------------------------------------------------------------------------------------
+    def start_round(self) -> None:
+        self.round_noised_rows = 0
+
     @property
     def noiseless(self) -> bool:
         return math.isinf(self.epsilon_target)
@@ -145,6 +204,7 @@ class LocalDP:
                             "its composed ε now exceeds the target", l, self.participations[l])
         self.counts[clients] += (self.sizes[clients] > 0)
         self._uploads += 1
+        self.round_noised_rows += len(clients)
         if self.noiseless:
             return payload
         rows = []
@@ -240,6 +300,12 @@ class LocalDP:
         }
         if self.delta is not None and self.mechanism == "gaussian":
             s["ldp_delta"] = self.delta
+        choice = self.sensitivity_choice
+        s["ldp_sensitivity_nonexpansive"] = float(choice.nonexpansive)  # 1: the paper's 2ζηE/n_l was used
+        s["ldp_sensitivity_conditional"] = float(choice.conditional)    # 1: ε rests on an unchecked assumption
+        if choice.check is not None:
+            s["ldp_two_over_beta_min"] = choice.check.min_two_over_beta
+            s["ldp_two_over_beta_min_client"] = float(choice.check.worst_client)
         if len(planned):
             s["ldp_sensitivity_median"] = float(np.median(self.sens[planned]))
             s["ldp_scale_median"] = float(np.median(self.scales[planned]))
@@ -259,12 +325,26 @@ class LocalDP:
             s[f"{name}_median"] = eps_of(m // 2) if m % 2 else 0.5 * (eps_of(m // 2 - 1) + eps_of(m // 2))
         return s
 
+    def tags(self) -> dict[str, str]:
+        """Run tags: the sensitivity used, whether the run's ε is conditional and why, the min 2/β_l."""
+        choice = self.sensitivity_choice
+        t = {"dp.local_sensitivity": choice.name,
+             "dp.local_sensitivity_formula": "2ζηE/n_l" if choice.nonexpansive else "2ζη/n_l + 2ζη(E−1)",
+             "dp.local_sensitivity_conditional": "true" if choice.conditional else "false",
+             "dp.local_sensitivity_reason": choice.reason}
+        if choice.check is not None:
+            t["dp.local_two_over_beta_min"] = f"{choice.check.min_two_over_beta:.6g}"
+            t["dp.local_two_over_beta_min_client"] = str(choice.check.worst_client)
+        return t
+
     def _paper_scale(self, l: int) -> float:
         """Paper 001's formula (per-sample, non-expansive sensitivity, classic Gaussian) for client l."""
         t, n = int(self.participations[l]), int(self.sizes[l])
         if self.mechanism == "laplace":
-            return laplace_scale(self.clip_norm, self.lr, self.local_iters, t, n, self.epsilon_target)
-        return gaussian_std(self.clip_norm, self.lr, self.local_iters, t, n, self.epsilon_target, self.delta)
+            return laplace_scale(self.clip_norm, self.lr, self.local_iters, t, n, self.epsilon_target,
+                                 nonexpansive=True)
+        return gaussian_std(self.clip_norm, self.lr, self.local_iters, t, n, self.epsilon_target, self.delta,
+                            nonexpansive=True)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def _fingerprint(self) -> dict[str, Any]:
@@ -298,8 +378,89 @@ def _participations(sampler, rounds: int, seed: int, mode: str) -> np.ndarray:
                       f"does not fix it; allowed: {ALLOWED_SAMPLERS}")
 
 
-def make_local_dp(c: dict, mode: str, sampler, parts: list[np.ndarray], spec: LocalSpec) -> LocalDP:
-    """The local-DP object for ``dp=local_laplace|local_gaussian`` from the resolved config (one-line errors)."""
+def _model_name(c: dict) -> str:
+    name = str(c.get("model", {}).get("name", "?"))
+    return str(c.get("dataset", {}).get("default_model", name)) if name == "auto" else name
+
+
+def _training_features(c: dict, parts: list[np.ndarray]) -> np.ndarray:
+    """The training rows the clients' ``parts`` index, loaded as ``fedrun.run.build`` loads them (same dataset
+    arguments, same validation hold-out). Used when the caller does not pass ``x_train``."""
+    from fedrun.data import sources
+    from fedrun.rng import numpy_rng
+
+    ds_cfg = c["dataset"]
+    dataset = sources.load_dataset(ds_cfg["name"], c.get("data_root"), femnist_leaf_dir=ds_cfg.get("leaf_dir"),
+                                   lending_club_csv=ds_cfg.get("csv"))
+    x = np.asarray(dataset.x_train, dtype=np.float64)
+    if c.get("patience", 0) > 0:  # fedrun.run.build holds this split out before partitioning
+        n = len(dataset.y_train)
+        perm = numpy_rng(int(c["seed"]), "validation").permutation(n)
+        n_val = max(1, int(round(n * float(c["validation_fraction"]))))
+        x = x[np.sort(perm[n_val:])]
+    largest = max((int(np.max(p)) for p in parts if len(p)), default=-1)
+    if largest >= len(x) or sum(len(p) for p in parts) > len(x):
+        raise ConfigError(f"local_dp_sensitivity: the clients' samples do not index the {len(x)} training rows "
+                          f"reloaded for the 2/β_l check; pass x_train to make_local_dp")
+    return x
+
+
+def _choose_sensitivity(c: dict, mode: str, mechanism: str, requested: str, spec: LocalSpec,
+                        parts: list[np.ndarray], participations: np.ndarray, x_train) -> SensitivityChoice:
+    """Which Δ the run uses (module doc); one-line ConfigError where ``paper`` is asked for and not verified."""
+    model = _model_name(c)
+    linear = model == "lr" and spec.loss == "mse"
+    check = None
+    if linear:  # 2/β_l of every client that uploads (n_l ≥ 1, T_l ≥ 1): logged whatever was requested
+        x = np.asarray(x_train, dtype=np.float64) if x_train is not None else _training_features(c, parts)
+        uploading = [l for l, p in enumerate(parts) if len(p) > 0 and participations[l] > 0]
+        if uploading:
+            check = nonexpansive_check(x, parts, float(spec.lr), uploading)
+            log.info("dp=%s: local steps %s the paper's condition η ≤ 2/β_l (%s)", mode,
+                     "meet" if check.passed else "do not meet", check.describe())
+    if requested == "proven":
+        return SensitivityChoice("proven", False, False, "proven: no assumption on the model, the loss or the norm",
+                                 check)
+    if spec.clip_mode == "batch" or int(spec.steps) == 1:
+        why = "local_clip_mode=batch" if spec.clip_mode == "batch" else "E = 1"
+        return SensitivityChoice(requested, True, False, f"proven: with {why} the paper's Δ equals the proven one",
+                                 check)
+    where = (f"on this data {check.describe()}" if check is not None else
+             f"the condition cannot be checked for model={model} (fedrun checks it for model=lr with MSE only)")
+    if requested == "paper_unchecked":
+        reason = "non-expansive local steps (η ≤ 2/β_l, an L2 argument) assumed, not checked"
+        if mechanism == "laplace":
+            reason += "; the Laplace mechanism needs an L1 sensitivity, which L2 non-expansiveness does not bound"
+        reason += f"; {where}"
+        log.warning("dp=%s with local_dp_sensitivity=paper_unchecked: Δ = 2ζηE/n_l, so the run's ε is conditional "
+                    "(%s)", mode, reason)
+        return SensitivityChoice("paper_unchecked", True, True, reason, check)
+    # requested == "paper": accepted only where verified
+    if mechanism == "laplace":
+        also = f" (its L2 condition on this data: {check.describe()})" if check is not None else ""
+        raise ConfigError(f"dp={mode}: local_dp_sensitivity=paper (Δ = 2ζηE/n_l) rests on non-expansive gradient "
+                          f"steps, an L2 argument that does not bound the L1 sensitivity the Laplace mechanism "
+                          f"needs{also}; use {SENSITIVITY_ALTERNATIVES}")
+    if check is None:
+        raise ConfigError(f"dp={mode}: local_dp_sensitivity=paper needs its condition η ≤ 2/β_l checked on the run's "
+                          f"data, which fedrun can do only for model=lr (linear regression, MSE), not "
+                          f"model={model}; use {SENSITIVITY_ALTERNATIVES}")
+    if not check.passed:
+        l = check.worst_client
+        raise ConfigError(f"dp={mode}: local_dp_sensitivity=paper needs η ≤ 2/β_l for every client (non-expansive "
+                          f"steps); client {l} (n_l={int(check.sizes[l])}) has 2/β_l={check.min_two_over_beta:.4g} "
+                          f"< lr={check.lr:g}; use lr ≤ {check.min_two_over_beta:.4g}, or {SENSITIVITY_ALTERNATIVES}")
+    return SensitivityChoice("paper", True, False, f"checked on this run's data (L2, Gaussian): {check.describe()}",
+                             check)
+
+
+def make_local_dp(c: dict, mode: str, sampler, parts: list[np.ndarray], spec: LocalSpec,
+                  x_train=None) -> LocalDP:
+    """The local-DP object for ``dp=local_laplace|local_gaussian`` from the resolved config (one-line errors).
+
+    ``x_train``: the training rows ``parts`` index (only read for the linear model's 2/β_l check); without it
+    they are reloaded as ``fedrun.run.build`` loads them.
+    """
     mechanism = mode.removeprefix("local_")
     if mechanism not in MECHANISMS:
         raise ConfigError(f"dp={mode} is not a local-DP mode; use local_laplace or local_gaussian")
@@ -324,15 +485,19 @@ def make_local_dp(c: dict, mode: str, sampler, parts: list[np.ndarray], spec: Lo
     calibration = c.get("local_dp_calibration", "classic")
     if calibration not in CALIBRATIONS:
         raise ConfigError(f"local_dp_calibration={calibration!r} is not allowed; use {' or '.join(CALIBRATIONS)}")
-    sens = c.get("local_dp_sensitivity", "paper")
+    sens = c.get("local_dp_sensitivity", "proven")
     if sens not in SENSITIVITIES:
-        raise ConfigError(f"local_dp_sensitivity={sens!r} is not allowed; use {' or '.join(SENSITIVITIES)}")
+        raise ConfigError(f"local_dp_sensitivity={sens!r} is not allowed; use {', '.join(SENSITIVITIES)}")
     participations = _participations(sampler, int(c["rounds"]), int(c["seed"]), mode)
     sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    choice = _choose_sensitivity(c, mode, mechanism, sens, spec, parts, participations, x_train)
+    log.info("dp=%s: local_dp_sensitivity=%s, Δ = %s (%s)", mode, choice.name,
+             "2ζηE/n_l" if choice.nonexpansive else "2ζη/n_l + 2ζη(E−1)", choice.reason)
     try:
         dp = LocalDP(mechanism, float(eps), float(spec.clip_norm), float(spec.lr), int(spec.steps),
                      participations, sizes, delta=float(c["delta"]), clip_mode=spec.clip_mode,
-                     nonexpansive=sens == "paper", calibration=calibration, accountant=c.get("accountant", "rdp"))
+                     nonexpansive=choice.nonexpansive, calibration=calibration,
+                     accountant=c.get("accountant", "rdp"), sensitivity_choice=choice)
     except ConfigError:
         raise
     except ValueError as exc:

@@ -12,6 +12,9 @@ them by (ε, E) at each fixed total T = ``total_iterations`` (or each fixed T_g 
   the formula Σ_l a_l²·Var(w_l), and its growth with E;
 
 and one PNG per fixed T / T_g (metric against E, one line per ε, error bars = std over seeds, best E starred).
+The file's title and first paragraph say which local-DP sensitivity (``local_dp_sensitivity``) the runs used
+and whether their ε is conditional on an unchecked assumption (:func:`sensitivity_statement`); runs with
+different sensitivities are never mixed in one file (select them with ``--filter``).
 
     python scripts/fu21_tables.py --experiment fu21-lending-club --out results/fu21/lending_club.md \\
         --command "fedrun -m experiment=fu21_lending_club ..."
@@ -55,9 +58,63 @@ def dedupe(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     latest: dict[tuple, dict[str, Any]] = {}
     for r in sorted(records, key=lambda r: r.get("start_time", 0)):
         key = tuple(r.get(f"params.{k}") for k in ("epsilon", "local_steps", "seed", "total_iterations", "rounds",
-                                                   "dp", "lr", "clients_per_round"))
+                                                   "dp", "lr", "clients_per_round", "local_dp_sensitivity"))
         latest[key] = r
     return list(latest.values())
+
+
+SENSITIVITY_FORMULA = {"proven": "Δ = 2ζη/n_l + 2ζη(E−1)", "paper": "Δ = 2ζηE/n_l", "paper_unchecked": "Δ = 2ζηE/n_l"}
+
+
+def sensitivity_statement(records: list[dict[str, Any]]) -> tuple[str, str]:
+    """(title suffix, paragraph): the local-DP sensitivity the runs used and whether their ε is conditional.
+
+    Read from each run's ``local_dp_sensitivity`` param and its summary metrics ``ldp_sensitivity_conditional``
+    and ``ldp_two_over_beta_min`` (+ ``_client``). Runs logged before fedrun checked the paper's condition have
+    ``paper`` and no ``ldp_sensitivity_conditional``: they used the paper's Δ unchecked (today's
+    ``paper_unchecked``). Raises ValueError when the runs used different sensitivities.
+    """
+    local = [r for r in records if str(r.get("params.dp", "")).startswith("local_")]
+    if not local:
+        return "", ""
+    names = {r.get("params.local_dp_sensitivity") or "paper" for r in local}  # older runs: the then default
+    if len(names) > 1:
+        raise ValueError(f"the runs used different local_dp_sensitivity values {sorted(names)}: one file per value "
+                         f"(--filter \"params.local_dp_sensitivity = '...'\")")
+    name = names.pop()
+    flags = [_float(r["metrics.ldp_sensitivity_conditional"]) for r in local
+             if "metrics.ldp_sensitivity_conditional" in r]
+    legacy = name == "paper" and not flags
+    conditional = legacy or any(f > 0 for f in flags)
+    mech = {str(r.get("params.dp")).removeprefix("local_") for r in local}
+    betas = [(_float(r["metrics.ldp_two_over_beta_min"]), int(_float(r.get("metrics.ldp_two_over_beta_min_client"))),
+              _float(r.get("params.lr"))) for r in local if "metrics.ldp_two_over_beta_min" in r]
+    beta_text = ""
+    if betas:
+        b, client, lr = min(betas)
+        lrs = sorted({x[2] for x in betas})
+        beta_text = (f" The paper's condition for the linear model, η ≤ 2/β_l for every client, computed on the runs' "
+                     f"data: min 2/β_l = {b:.4g} (client {client}) against η = {', '.join(f'{x:g}' for x in lrs)} — "
+                     f"it {'holds (in L2)' if max(lrs) <= b else 'fails'}.")
+    shown = "paper (logged before fedrun checked it: today's paper_unchecked)" if legacy else name
+    formula = SENSITIVITY_FORMULA.get(name, "?")
+    if not conditional:
+        why = ("no assumption on the loss or the norm" if name == "proven" else
+               "its condition checked on the runs' data" if name == "paper" else "equal to the proven one here")
+        text = (f"**Local-DP sensitivity: `{shown}`** — {formula} per upload ({why}): the ε in this file holds "
+                f"without further assumption.{beta_text}")
+        return f" — sensitivity {name}", text
+    text = (f"**Local-DP sensitivity: `{shown}`** — the paper's {formula}, used without checking its condition "
+            f"(E non-expansive gradient steps, an L2 argument): **every ε in this file is conditional on that "
+            f"unchecked assumption.**")
+    if "laplace" in mech:
+        text += (" With the Laplace mechanism it is not proven even where the steps are non-expansive: L2 "
+                 "non-expansiveness does not bound the L1 sensitivity Laplace needs.")
+    text += beta_text if betas else (" These runs predate the check and logged no 2/β_l." if legacy else
+                                     " For this model the condition cannot be checked (not the linear model).")
+    text += (" The proven sensitivity is 2ζη/n_l + 2ζη(E−1) (`local_dp_sensitivity=proven`, the default), "
+             "the same at E = 1 and ~n_l(E−1)/E times larger above.")
+    return f" — sensitivity {shown.split(' ')[0]}, ε conditional", text
 
 
 def aggregate(records: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
@@ -264,13 +321,19 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"no finished runs in experiment {args.experiment!r}", file=sys.stderr)
         return 1
+    try:
+        suffix, statement = sensitivity_statement(records)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
     add_noise_history(records, uri)
     key = metric_key(records)
     rows = aggregate(records, key)
     title = args.title or f"Paper 001 (Fu et al.): {records[0].get('tags.dataset', '?')}, final {key} against E"
+    title += suffix
     args.out.parent.mkdir(parents=True, exist_ok=True)
     pngs = plot(rows, key, args.out.with_suffix(""), records[0].get("tags.dataset", "?"))
-    body = sweep_tables(rows, key)
+    body = (statement + "\n\n" if statement else "") + sweep_tables(rows, key)
     body += "\nFindings (computed from the table):\n\n" + findings(rows, key) + "\n"
     body += "\nFigures: " + ", ".join(f"[{p.name}]({p.name})" for p in pngs) + "\n"
     notes = args.notes.read_text() if args.notes else ""

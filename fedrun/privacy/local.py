@@ -15,22 +15,40 @@ Protected unit: one sample of a client's data, neighbouring datasets differ by *
      per-step bound is 2ζη̃ — no 1/n_l. Per-sample clipping is needed for the paper's noise scales.
 2. E steps. After the first step the two trajectories sit at different θ. With d_k = ‖θ_k − θ_k'‖:
    d_{k+1} ≤ ‖G(θ_k) − G(θ_k')‖ + η̃‖ḡ_D(θ_k') − ḡ_D'(θ_k')‖, G(θ) = θ − η̃ḡ_D(θ).
-   * ``nonexpansive=True`` (default; the paper's value): if G is non-expansive (L2; convex β-smooth per-sample
-     losses with η ≤ 2/β — clipping a GLM's per-sample gradient keeps it the gradient of a convex,
-     Huber-like loss, so this covers the Lending Club linear regression), d_{k+1} ≤ d_k + 2ζη̃/n_l and
-     Δ = 2ζη̃E/n_l.
-   * ``nonexpansive=False`` (a bound with no assumption on the loss — use it for the FEMNIST CNN if a proven
-     guarantee matters): for k ≥ 1 the two clipped means are only known to differ by ≤ 2ζ, so
-     Δ = 2ζη̃/n_l + 2ζη̃(E − 1).
-   * batch clipping: Δ = 2ζη̃E either way (each trajectory moves ≤ ζη̃ per step).
+   * ``nonexpansive=False`` (the default: proven, no assumption on the loss or the norm): for k ≥ 1 the two
+     clipped means are only known to differ by ≤ 2ζ, so Δ = 2ζη̃/n_l + 2ζη̃(E − 1).
+   * ``nonexpansive=True`` (the paper's value, Δ = 2ζη̃E/n_l): if G is non-expansive, d_{k+1} ≤ d_k + 2ζη̃/n_l.
+     That is an **L2** statement: G = I − η̃∇F is L2 non-expansive when F is convex and β-smooth and
+     η̃ ≤ 2/β (Baillon–Haddad: ∇F is (1/β)-co-coercive). Only G_D of the client's *actual* data D enters the
+     recursion, so the condition is checked on D and the bound holds for D against every one-sample
+     replacement D' (a guarantee for the run's data; the check's outcome — run or refuse — is itself not
+     noised). When it holds (``nonexpansive_check``):
+       - linear model + MSE (Lending Club): the per-sample loss is (θᵀx̃ − y)², x̃ = [x, 1]. Clipping its
+         gradient 2r·x̃ (r the residual) to ζ in any norm gives φ(r)·x̃ with φ(r) = clamp(2r, ±ζ/‖x̃‖): φ is
+         non-decreasing and 2-Lipschitz, the derivative of a convex Huber function h with 0 ≤ h'' ≤ 2. So the
+         clipped mean ḡ_D is the gradient of F(θ) = (1/n_l)Σ h_i(θᵀx̃_i − y_i), convex with
+         ∇²F ≼ (2/n_l)·X̃ᵀX̃, i.e. β_l = 2·λ_max(X̃_lᵀX̃_l)/n_l (``linear_mse_smoothness``, float64; no
+         regulariser in fedrun's loss). A scheme training only part of θ sees a principal sub-matrix: β
+         no larger.
+       - Laplace (L1): L2 non-expansiveness does not give d_{k+1} ≤ d_k + 2ζη̃/n_l in L1 — the L1 operator
+         norm of I − η̃∇²F exceeds 1 as soon as features are correlated (on the Lending Club states it is
+         1.2–2.4 at η = 0.2), and one replaced sample can move θ_E by more than 2ζη̃E/n_l in L1 while its
+         L2 move stays within the bound (tests/unit/test_local_dp_sensitivity.py builds such a client).
+         So for Laplace the paper's value is never proven here; ``fedrun.dp`` refuses it unless asked for
+         as ``paper_unchecked``. (A proven L1 route would be √p·2ζη̃E/n_l from the L2 bound, not implemented.)
+       - any other model (the FEMNIST CNN): not convex, β unknown — the condition cannot be checked.
+   * E = 1 or batch clipping: both values agree (no trajectory divergence / each trajectory moves ≤ ζη̃ per
+     step): Δ = 2ζη̃/n_l resp. 2ζη̃E, proven either way.
 3. Which norm. The Laplace mechanism needs the L1 sensitivity, the Gaussian the L2 one. ζ here is the bound
    of the norm the mechanism needs, as in the paper: for Laplace clip in L1
    (``mechanisms.clip_rows(..., ord=1)``) and the formula holds as is (the non-expansive step 2 is an L2
-   argument — in L1 only ``nonexpansive=False`` is proven). If gradients are clipped in L2 instead, use
-   ‖v‖₁ ≤ √p·‖v‖₂ and pass ``clip_norm = √p·ζ₂`` (p = 11 for Lending Club: 3.3× the noise).
+   argument — in L1 only ``nonexpansive=False`` is proven; an L1 clip ζ also bounds the L2 norm by ζ).
+   If gradients are clipped in L2 instead, use ‖v‖₁ ≤ √p·‖v‖₂ and pass ``clip_norm = √p·ζ₂`` (p = 11 for
+   Lending Club: 3.3× the noise).
 4. Composition over T_l participations.
    * Laplace (pure ε): basic composition, ε/T_l per participation, scale b = Δ₁·T_l/ε
-     = 2ζη̃E·T_l/(n_l·ε). Per-coordinate variance 2b² ∝ η̃²E²T_l² (z = 2).
+     = 2ζη̃E·T_l/(n_l·ε) with the paper's Δ₁. Per-coordinate variance 2b² ∝ η̃²E²T_l² (z = 2; with the
+     proven Δ₁ the E² becomes (1/n_l + E − 1)²).
    * Gaussian: T_l Gaussian releases with std σ and L2 sensitivity Δ₂ compose — adaptively — exactly like
      one Gaussian release with sensitivity √T_l·Δ₂ (Gaussian DP: μ_i-GDP releases compose to √(Σμ_i²)-GDP,
      Dong, Roth & Su 2019).
@@ -49,8 +67,10 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 from dp_accounting import get_sigma_gaussian
 
 __all__ = [
@@ -60,6 +80,9 @@ __all__ = [
     "laplace_scale",
     "gaussian_std",
     "aggregated_noise_variance",
+    "linear_mse_smoothness",
+    "NonexpansiveCheck",
+    "nonexpansive_check",
 ]
 
 CLIP_MODES = ("per_sample", "batch")
@@ -106,11 +129,12 @@ def sensitivity(
     n_l: int,
     clip_mode: str = "per_sample",
     *,
-    nonexpansive: bool = True,
+    nonexpansive: bool = False,
 ) -> float:
     """Sensitivity of one uploaded model (E GD steps from a common start), replace-one-sample; module doc 1–2.
 
-    per_sample: 2ζηE/n_l (``nonexpansive``, the paper's) or 2ζη/n_l + 2ζη(E−1); batch: 2ζηE.
+    per_sample: 2ζη/n_l + 2ζη(E−1) (default, proven) or 2ζηE/n_l (``nonexpansive=True``, the paper's: only an
+    L2 bound, and only where the steps are non-expansive — see ``nonexpansive_check``); batch: 2ζηE.
     In the norm ζ bounds (L1 for Laplace, L2 for Gaussian).
     """
     zeta = _positive_finite("clip_norm", clip_norm)
@@ -135,11 +159,12 @@ def laplace_scale(
     epsilon: float,
     clip_mode: str = "per_sample",
     *,
-    nonexpansive: bool = True,
+    nonexpansive: bool = False,
 ) -> float:
     """Laplace scale b = Δ₁·T_l/ε (basic composition over T_l participations; paper 001, Thm 1).
 
-    With per-sample clipping (ζ an L1 bound): 2ζηE·T_l/(n_l·ε). ε = ∞ → 0 (no noise).
+    With per-sample clipping (ζ an L1 bound): (2ζη/n_l + 2ζη(E−1))·T_l/ε, or the paper's 2ζηE·T_l/(n_l·ε) with
+    ``nonexpansive=True`` (not proven in L1: module doc 2). ε = ∞ → 0 (no noise).
     """
     eps = _epsilon(epsilon)
     t_l = _positive_int("participations", participations)
@@ -159,7 +184,7 @@ def gaussian_std(
     delta: float,
     clip_mode: str = "per_sample",
     *,
-    nonexpansive: bool = True,
+    nonexpansive: bool = False,
     calibration: str = "classic",
 ) -> float:
     """Gaussian noise std per coordinate so that T_l uploads are (ε, δ)-DP (paper 001, Thm 2; module doc 4).
@@ -211,3 +236,65 @@ def aggregated_noise_variance(
             raise ValueError(f"weights[{i}]={w!r} is not finite")
     factor = 2.0 if mechanism == "laplace" else 1.0
     return sum(factor * (w * s) ** 2 for w, s in zip(weights, scales))
+
+
+# ------------------------------------------------------------------------------------------------ the paper's condition
+def linear_mse_smoothness(x: np.ndarray) -> float:
+    """β of one client's (clipped) empirical MSE loss for the linear model y = wᵀx + b (module doc 2).
+
+    ``x``: the client's n_l × p feature rows (without the bias column). β = 2·λ_max(X̃ᵀX̃)/n_l with
+    X̃ = [x, 1], computed in float64. Per-sample clipping (any norm) keeps β an upper bound.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] < 1:
+        raise ValueError(f"x has shape {x.shape}; need n_l ≥ 1 rows of features")
+    xt = np.hstack([x, np.ones((x.shape[0], 1))])
+    lam = float(np.linalg.eigvalsh(xt.T @ xt)[-1])
+    return 2.0 * max(lam, 0.0) / x.shape[0]
+
+
+@dataclass(frozen=True)
+class NonexpansiveCheck:
+    """η ≤ 2/β_l for every checked client (linear model + MSE): the L2 condition of the paper's sensitivity.
+
+    ``two_over_beta[l]`` is 2/β_l (NaN for clients not checked: no data or no participation; inf for β_l = 0).
+    """
+
+    lr: float
+    two_over_beta: np.ndarray
+    worst_client: int          # the checked client with the smallest 2/β_l
+    sizes: np.ndarray
+
+    @property
+    def min_two_over_beta(self) -> float:
+        return float(self.two_over_beta[self.worst_client])
+
+    @property
+    def passed(self) -> bool:
+        return self.lr <= self.min_two_over_beta
+
+    def describe(self) -> str:
+        l = self.worst_client
+        rel = "≤" if self.passed else ">"
+        return (f"lr={self.lr:g} {rel} min 2/β_l={self.min_two_over_beta:.4g} (client {l}, n_l={int(self.sizes[l])})")
+
+
+def nonexpansive_check(x: np.ndarray, parts: Sequence[np.ndarray], lr: float,
+                       clients: Sequence[int] | np.ndarray | None = None) -> NonexpansiveCheck:
+    """2/β_l of each client (``linear_mse_smoothness`` on its rows ``x[parts[l]]``) against the step size η.
+
+    ``clients``: the clients whose uploads need the bound (default: every client with data); others get NaN.
+    """
+    eta = _positive_finite("lr", lr)
+    sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    chosen = np.flatnonzero(sizes > 0) if clients is None else np.asarray(clients, dtype=np.int64)
+    chosen = np.array([l for l in chosen if sizes[l] > 0], dtype=np.int64)
+    if len(chosen) == 0:
+        raise ValueError("no client with data to check")
+    x = np.asarray(x, dtype=np.float64)
+    out = np.full(len(parts), np.nan)
+    for l in chosen:
+        beta = linear_mse_smoothness(x[np.asarray(parts[l])])
+        out[l] = math.inf if beta == 0 else 2.0 / beta
+    worst = int(chosen[np.argmin(out[chosen])])
+    return NonexpansiveCheck(lr=eta, two_over_beta=out, worst_client=worst, sizes=sizes)

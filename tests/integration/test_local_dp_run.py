@@ -73,8 +73,9 @@ def test_laplace_run_logs_epsilon_per_round_and_reaches_the_budget(cfg, tmp_path
     assert eps == [1.5, 1.5, 3.0, 3.0]
     assert summary["ldp_epsilon_max"] == pytest.approx(3.0) and summary["ldp_epsilon_median"] == pytest.approx(3.0)
     assert summary["ldp_participations_max"] == 2 and summary["epsilon_final"] == pytest.approx(3.0)
-    zeta, eta, e = 150, 0.1, 2
-    sens = [2 * zeta * eta * e / n for n in build(cfg("dp=local_laplace", "epsilon=3")).sim.data.sizes]
+    zeta, eta, e = 150, 0.1, 2  # the default local_dp_sensitivity=proven: Δ = 2ζη/n_l + 2ζη(E−1)
+    sens = [2 * zeta * eta / n + 2 * zeta * eta * (e - 1)
+            for n in build(cfg("dp=local_laplace", "epsilon=3")).sim.data.sizes]
     assert summary["ldp_scale_median"] == pytest.approx(float(np.median([s * 2 / 3 for s in sens])))
     assert all("ldp_noise_item_var" in r for r in rows)
 

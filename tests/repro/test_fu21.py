@@ -101,10 +101,11 @@ def test_femnist_command_ci_size(tmp_path, shared_data):
 
 @pytest.mark.slow
 def test_lending_club_thesis_reduced(tmp_path, shared_data):
-    """Reduced rerun of results/fu21/lending_club.md: with Laplace noise (ε = 3) the best E is interior, and
-    more local iterations at fixed T beat E = 1; the largest E (one round) is worst."""
+    """Reduced rerun of results/fu21/lending_club_paper_unchecked.md (the paper's sensitivity, its ε conditional on
+    the unchecked non-expansiveness): with Laplace noise (ε = 3) the best E is interior, and more local
+    iterations at fixed T beat E = 1; the largest E (one round) is worst."""
     _fedrun(tmp_path, shared_data, "-m", "experiment=fu21_lending_club", "local_steps=1,5,100", "epsilon=3",
-            "seed=0,1,2")
+            "seed=0,1,2", "local_dp_sensitivity=paper_unchecked")
     _, records = _tables(tmp_path, "fu21-lending-club")
     rows = {r["E"]: r["mean"] for r in TABLES["aggregate"](records, "test_mse")}
     assert rows[5] < rows[1] and rows[5] < rows[100]

@@ -19,8 +19,9 @@ from fedrun.privacy.local import (
 )
 from fedrun.privacy.mechanisms import gaussian_noise, laplace_noise
 
-# A FEMNIST-like setting of paper 001: ζ = 3, δ = 1e-4.
-BASE = dict(clip_norm=3.0, lr=0.05, local_iters=4, participations=6, n_l=200)
+# A FEMNIST-like setting of paper 001: ζ = 3, δ = 1e-4, with the paper's (non-expansive) sensitivity — the
+# formulas this file checks; the default is the proven one (test_default_sensitivity_is_the_proven_one).
+BASE = dict(clip_norm=3.0, lr=0.05, local_iters=4, participations=6, n_l=200, nonexpansive=True)
 
 
 def analytic_gaussian_epsilon(sigma: float, delta: float) -> float:
@@ -43,21 +44,34 @@ def _gen(seed: int) -> torch.Generator:
 # ------------------------------------------------------------------------------------------------ closed forms
 def test_sensitivity_closed_forms():
     z, eta, e, n = 150.0, 0.01, 3, 40
-    assert sensitivity(z, eta, e, n) == pytest.approx(2 * z * eta * e / n)
+    assert sensitivity(z, eta, e, n, nonexpansive=True) == pytest.approx(2 * z * eta * e / n)
     assert sensitivity(z, eta, e, n, "per_sample", nonexpansive=False) == pytest.approx(
         2 * z * eta / n + 2 * z * eta * (e - 1)
     )
-    assert sensitivity(z, eta, e, n, "batch") == pytest.approx(2 * z * eta * e)
+    assert sensitivity(z, eta, e, n, "batch", nonexpansive=True) == pytest.approx(2 * z * eta * e)
     assert sensitivity(z, eta, e, n, "batch", nonexpansive=False) == pytest.approx(2 * z * eta * e)
     # One local step: no trajectory divergence, both per-sample bounds agree.
-    assert sensitivity(z, eta, 1, n, nonexpansive=False) == pytest.approx(sensitivity(z, eta, 1, n))
+    assert sensitivity(z, eta, 1, n, nonexpansive=False) == pytest.approx(sensitivity(z, eta, 1, n, nonexpansive=True))
+
+
+def test_default_sensitivity_is_the_proven_one():
+    """Without nonexpansive=True every function uses 2ζη/n_l + 2ζη(E−1) (no assumption): n_l(E−1)/E + 1/E
+    times the paper's at E > 1, the same at E = 1."""
+    z, eta, e, t_l, n, eps, delta = 150.0, 0.01, 3, 10, 40, 1.0, 1e-4
+    proven = 2 * z * eta / n + 2 * z * eta * (e - 1)
+    assert sensitivity(z, eta, e, n) == pytest.approx(proven)
+    assert laplace_scale(z, eta, e, t_l, n, eps) == pytest.approx(proven * t_l / eps)
+    assert gaussian_std(z, eta, e, t_l, n, eps, delta) == pytest.approx(
+        proven * math.sqrt(2 * t_l * math.log(1.25 / delta)) / eps)
+    assert sensitivity(z, eta, e, n) / sensitivity(z, eta, e, n, nonexpansive=True) == pytest.approx(
+        (1 + n * (e - 1)) / e)
 
 
 def test_paper_formulas():
     """The README's inferred formulas: b = 2ζηE·T_l/(n_l·ε); σ = (2ζηE/n_l)·√(2·T_l·ln(1.25/δ))/ε."""
     z, eta, e, t_l, n, eps, delta = 150.0, 0.01, 2, 10, 100, 1.0, 1e-4
-    assert laplace_scale(z, eta, e, t_l, n, eps) == pytest.approx(2 * z * eta * e * t_l / (n * eps))
-    assert gaussian_std(z, eta, e, t_l, n, eps, delta) == pytest.approx(
+    assert laplace_scale(z, eta, e, t_l, n, eps, nonexpansive=True) == pytest.approx(2 * z * eta * e * t_l / (n * eps))
+    assert gaussian_std(z, eta, e, t_l, n, eps, delta, nonexpansive=True) == pytest.approx(
         (2 * z * eta * e / n) * math.sqrt(2 * t_l * math.log(1.25 / delta)) / eps
     )
 
@@ -115,7 +129,7 @@ def test_classic_gaussian_std_delivers_epsilon(epsilon):
     σ/(√T_l·Δ₂)) has true ε ≤ the target, for ε ≤ 1 where the classic theorem applies."""
     delta = 1e-4
     sigma = gaussian_std(**BASE, epsilon=epsilon, delta=delta)
-    delta_2 = sensitivity(BASE["clip_norm"], BASE["lr"], BASE["local_iters"], BASE["n_l"])
+    delta_2 = sensitivity(BASE["clip_norm"], BASE["lr"], BASE["local_iters"], BASE["n_l"], nonexpansive=True)
     effective = sigma / (delta_2 * math.sqrt(BASE["participations"]))
     assert analytic_gaussian_epsilon(effective, delta) <= epsilon
     # The accountant, fed with what was added, agrees (PLD is ~exact here).
@@ -125,7 +139,7 @@ def test_classic_gaussian_std_delivers_epsilon(epsilon):
 
 def test_analytic_calibration_is_exact_and_classic_breaks_for_large_epsilon():
     delta, t_l = 1e-4, BASE["participations"]
-    delta_2 = sensitivity(BASE["clip_norm"], BASE["lr"], BASE["local_iters"], BASE["n_l"])
+    delta_2 = sensitivity(BASE["clip_norm"], BASE["lr"], BASE["local_iters"], BASE["n_l"], nonexpansive=True)
     for epsilon in (0.5, 2.0, 10.0):
         sigma = gaussian_std(**BASE, epsilon=epsilon, delta=delta, calibration="analytic")
         assert analytic_gaussian_epsilon(sigma / (delta_2 * math.sqrt(t_l)), delta) == pytest.approx(epsilon, rel=1e-6)
