@@ -1,10 +1,13 @@
 """Server-side aggregation of the transmitted vectors, streamed chunk by chunk.
 
 * :class:`WeightedSum` — Σ_k w_k · x_k with the scheme's weights (FedAvg: |D_k| / Σ_j |D_j|).
-* :class:`ClientLevelDPSum` — client-level DP (DP-FedAvg, McMahan et al. 2018): each row is clipped
-  to L2 norm S, the clipped rows are summed, Gaussian noise N(0, σ²S² I) is added once, and the result
-  is divided by the expected number of clients q·N (the fixed-denominator estimator). It runs in
-  whatever domain the scheme transmits (full update, m DCT coefficients, a flattened sketch).
+* :class:`ClientLevelDPSum` — client-level DP (DP-FedAvg: McMahan, Ramage, Talwar, Zhang, "Learning
+  Differentially Private Recurrent Language Models", ICLR 2018, Alg. 1 with the fixed-denominator estimator
+  f̃_f): each row is clipped to L2 norm S, the clipped rows are summed, Gaussian noise N(0, σ²S² I) is added
+  once, and the result is divided by the *expected* number of clients q·N, never by the realized count, so
+  the sensitivity of the estimate stays S/(qN) under add/remove-one-client. It runs in whatever domain the
+  scheme transmits (full update, m DCT coefficients as in paper 000 Sec. III-B2, a flattened sketch). This is
+  fedrun's only implementation of the client-level DP sum; the simulation's DP path builds it.
 
 Both are pure tensor math; they know nothing about schemes or tracking.
 """
@@ -43,7 +46,7 @@ class ClientLevelDPSum:
     """Clip each row to ``clipping_norm``, sum, add N(0, σ²S²), divide by ``expected_clients``."""
 
     def __init__(self, dim: int, clipping_norm: float, noise_multiplier: float, expected_clients: float,
-                 generator: torch.Generator, device: torch.device | str) -> None:
+                 generator: torch.Generator, device: torch.device | str, dtype: torch.dtype = torch.float32) -> None:
         if not clipping_norm > 0:
             raise ValueError(f"clipping_norm={clipping_norm} must be > 0")
         if noise_multiplier < 0:
@@ -54,7 +57,7 @@ class ClientLevelDPSum:
         self.noise_multiplier = float(noise_multiplier)
         self.expected_clients = float(expected_clients)
         self.generator = generator
-        self.total = torch.zeros(int(dim), device=device)
+        self.total = torch.zeros(int(dim), device=device, dtype=dtype)
         self.clipped = 0
         self.seen = 0
         self.norm_sum = 0.0
@@ -77,4 +80,5 @@ class ClientLevelDPSum:
             "dp_clipped_fraction": self.clipped / self.seen if self.seen else 0.0,
             "dp_mean_norm": self.norm_sum / self.seen if self.seen else 0.0,
             "dp_clients": float(self.seen),
+            "dp_noise_std": self.noise_multiplier * self.clipping_norm / self.expected_clients,
         }

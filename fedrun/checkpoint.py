@@ -57,6 +57,7 @@ def save_checkpoint(out_dir: Path, built, c: dict, loop, run_id: str | None, fin
         "client_state": sim.client_state.state_dict(),
         "accountant": sim.accountant.state_dict() if sim.accountant is not None else None,
         "local_dp": sim.local_dp.state_dict() if sim.local_dp is not None else None,
+        "canaries": sim.canaries.state_dict() if sim.canaries is not None else None,
         "ledger": sim.ledger.state_dict(),
         "loop": {"rows": loop.rows, "best": loop.best, "best_val": loop.best_val,
                  "since_best": loop.since_best, "stopped": loop.stopped, "round": loop.round},
@@ -79,8 +80,12 @@ def load_into(path: Path, built, loop) -> dict:
     sim.client_state.load_state_dict(state["client_state"])
     if state["accountant"] is not None:
         sim.accountant.load_state_dict(state["accountant"])
+        # each restored event stands for one noised aggregation of the rounds before the checkpoint
+        sim.privacy.noised_aggregations = len(sim.accountant.events)
     if state["local_dp"] is not None:
         sim.local_dp.load_state_dict(state["local_dp"])
+    if state.get("canaries") is not None:  # made now (their length is the payload's), then restored
+        sim.make_canaries(int(state["canaries"]["dim"])).load_state_dict(state["canaries"])
     sim.ledger.load_state_dict(state["ledger"])
     for k, v in state["loop"].items():
         setattr(loop, k, v)

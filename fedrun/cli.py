@@ -72,6 +72,7 @@ def main(cfg: DictConfig) -> float | None:
     from fedrun.config import ConfigError
     from fedrun.data.dataset import DataIntegrityError, DataNotFoundError
     from fedrun.run import RunDiverged, RunInterrupted, run
+    from fedrun.simulation import PrivacyCheckFailed
 
     try:
         tracker = _tracker(cfg)
@@ -82,7 +83,7 @@ def main(cfg: DictConfig) -> float | None:
     except (DataNotFoundError, DataIntegrityError, ConnectionError) as exc:
         print(f"fedrun: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    except RunDiverged as exc:
+    except (RunDiverged, PrivacyCheckFailed) as exc:
         print(f"fedrun: error: {exc}", file=sys.stderr)
         if _multirun():  # let the sweep go on with its other jobs
             return None

@@ -50,11 +50,13 @@ class Ledger:
     downlink_round: int = 0
     by_kind: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     messages_round: int = 0
+    uplink_messages_round: int = 0  # client → server messages this round (the DP check counts them)
 
     def start_round(self) -> None:
         self.uplink_round = 0
         self.downlink_round = 0
         self.messages_round = 0
+        self.uplink_messages_round = 0
 
     def uplink(self, message: Message, count: int = 1) -> None:
         """Record ``count`` clients each sending ``message`` to the server."""
@@ -63,6 +65,7 @@ class Ledger:
         self.uplink_total += b
         self.by_kind["up:" + message.kind] += b
         self.messages_round += int(count)
+        self.uplink_messages_round += int(count)
 
     def downlink(self, message: Message, count: int = 1) -> None:
         """Record the server sending ``message`` to ``count`` clients (a broadcast counts once per client)."""

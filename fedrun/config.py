@@ -136,6 +136,25 @@ def validate(cfg: Mapping[str, Any]) -> None:
     part = cfg.get("partition", {}).get("name")
     if part not in PARTITIONS + ("auto",):
         raise ConfigError(f"partition={part!r} is unknown; allowed: {', '.join(PARTITIONS)}")
+    audit = cfg.get("audit") or {}
+    canaries = audit.get("canaries", 0)
+    if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 0:
+        raise ConfigError(f"audit.canaries={canaries!r} must be an integer >= 0 (0 = no audit)")
+    if canaries and mode != "client":
+        raise ConfigError(f"audit.canaries={canaries} audits client-level DP; dp={cfg.get('dp')} has none; allowed: "
+                          f"dp=true, or audit.canaries=0")
+    if canaries == 1:
+        raise ConfigError("audit.canaries=1: an audit needs at least 2 canaries (some included, some not)")
+    conf = audit.get("confidence", 0.95)
+    if not isinstance(conf, (int, float)) or not 0 < conf < 1:
+        raise ConfigError(f"audit.confidence={conf!r} is outside (0, 1)")
+    if audit.get("negative_control") and not canaries:
+        raise ConfigError("audit.negative_control=true needs audit.canaries > 0 (it tests the audit)")
+    copies = cfg.get("partition", {}).get("copies", 1)
+    if mode not in ("off", "auto") and copies not in (None, 1):
+        raise ConfigError(f"partition.copies={copies} with dp={cfg.get('dp')}: one person's data would be in "
+                          f"{copies} clients, so the per-client ε would understate the per-person ε; allowed "
+                          f"with DP: partition.copies=1")
 
 
 def check_partition(dataset: Mapping[str, Any], partition: str) -> None:

@@ -27,7 +27,7 @@ from fedrun.data.sources import load_dataset
 from fedrun.models.flat import FlatParams
 from fedrun.models.nets import build_model
 from fedrun.rng import numpy_rng
-from fedrun.simulation import ClientDP, Simulation
+from fedrun.simulation import AuditSettings, ClientDP, PrivacyCheckFailed, Simulation
 from fedrun.training import ClientData, LocalSpec
 
 log = logging.getLogger("fedrun")
@@ -141,7 +141,19 @@ def make_client_dp(c: dict, sampler, rounds: int) -> ClientDP:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return ClientDP(clipping_norm=float(c["clipping_norm"]), noise_multiplier=float(sigma),
-                    sampling_probability=float(q), expected_clients=q * sampler.num_clients, delta=delta)
+                    sampling_probability=float(q), expected_clients=q * sampler.num_clients, delta=delta,
+                    accountant=str(acct))
+
+
+def make_audit(c: dict) -> AuditSettings | None:
+    """The audit's settings (``audit.canaries`` > 0; validated with client-level DP), else None."""
+    a = c.get("audit") or {}
+    if not a.get("canaries"):
+        return None
+    if a.get("negative_control"):
+        log.warning("audit.negative_control=true: the DP sum adds NO noise while ε=%s is still claimed; this run "
+                    "tests the audit and its results are not private", c.get("epsilon"))
+    return AuditSettings(int(a["canaries"]), float(a.get("confidence", 0.95)), bool(a.get("negative_control")))
 
 
 @dataclass
@@ -216,7 +228,7 @@ def build(c: dict) -> Built:
     if mode in ("local_laplace", "local_gaussian"):
         from fedrun.dp import make_local_dp
 
-        local_dp = make_local_dp(c, mode, sampler, parts, spec)
+        local_dp = make_local_dp(c, mode, sampler, parts, spec, x_train=x_train)
     trainable = scheme.prepare_model(model, {"dataset": dataset, "config": c, "device": device, "seed": seed})
     layout = FlatParams(model, trainable) if trainable is not None else None
     data = ClientData(x_train.to(device), y_train.to(device), parts)
@@ -224,7 +236,8 @@ def build(c: dict) -> Built:
                      sampler=sampler, scheme=scheme, spec=spec, seed=seed, device=device,
                      chunk_size=int(c["chunk_size"]), workers=resolve_workers(c.get("workers", 1), device),
                      vectorized=bool(c["vectorized"]),
-                     client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val, layout=layout)
+                     client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val, layout=layout,
+                     audit=make_audit(c))
     names = {"dataset": dataset.name, "model": model_name, "partition": part_name,
              "scheme": _scheme_name(c), "dp": mode, "device": str(device)}
     return Built(sim, names, stats, {"task": dataset.task, "source": dataset.source})
@@ -329,6 +342,24 @@ class RunInterrupted(KeyboardInterrupt):
         self.round, self.out_dir = rnd, out_dir
 
 
+def epsilons(sim: Simulation, last: bool = False) -> dict[str, float]:
+    """ε spent so far: ``epsilon`` from the configured accountant; with client-level DP also ``epsilon_rdp``
+    (a running RDP curve: ~0.1 ms a round) and ``epsilon_pld`` (a PLD composition, 1–3 s on a 2-core CPU: every
+    round when PLD is the configured accountant, else at the ``last`` round only, beside the summary's)."""
+    eps = sim.epsilon()
+    if eps is None:
+        return {}
+    out = {"epsilon": eps}
+    if sim.client_dp is not None:
+        configured = sim.client_dp.accountant
+        out["epsilon_rdp"] = eps if configured == "rdp" else sim.epsilon("rdp")
+        if configured == "pld":
+            out["epsilon_pld"] = eps
+        elif last:
+            out["epsilon_pld"] = sim.epsilon("pld")
+    return out
+
+
 def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | None = None,
                stop: "StopFlag | None" = None) -> dict[str, float]:
     """Drive the rounds of a built simulation (from ``loop.round + 1`` when resuming); returns the summary.
@@ -366,23 +397,24 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | 
         for rnd in range(loop.round + 1, rounds + 1):
             t0 = time.perf_counter()
             clients = sim.select(rnd)
-            sim.ledger.start_round()
+            sim.start_round()
             metrics = sim.scheme.round(sim, rnd, clients)
             if sim.device.type == "cuda":
                 torch.cuda.synchronize(sim.device)
+            sim.check_privacy(rnd)  # every upload went through the DP path and was accounted, or FAILED
+            loss = metrics.get("train_loss", math.nan)
+            if not torch.isfinite(sim.params).all() or (len(clients) and not math.isfinite(loss)):
+                raise RunDiverged(f"the run diverged at round {rnd}: NaN/inf in the global model or the training "
+                                  f"loss (metrics up to round {rnd - 1} are kept); try a smaller lr")
             metrics = {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
             metrics.update(sim.ledger.metrics())
             metrics["clients"] = float(len(clients))
             metrics["cost_bits"] = paper_cost_bits(r, sim.n, rnd, fraction)
-            eps = sim.epsilon()
-            if eps is not None:
-                metrics["epsilon"] = eps
-                metrics.update(sim.last_dp_diagnostics)
-            if not torch.isfinite(sim.params).all() or not math.isfinite(metrics.get("train_loss", 0.0)):
-                raise RunDiverged(f"the run diverged at round {rnd}: NaN/inf in the global model or the training "
-                                  f"loss (metrics up to round {rnd - 1} are kept); try a smaller lr")
-            metrics["round_seconds"] = time.perf_counter() - t0
             evaluated = rnd % int(c["eval_every"]) == 0 or rnd == rounds
+            metrics.update(epsilons(sim, last=rnd == rounds))
+            if "epsilon" in metrics:
+                metrics.update(sim.last_dp_diagnostics)
+            metrics["round_seconds"] = time.perf_counter() - t0
             if evaluated:
                 ev = sim.evaluate("test")
                 metrics["test_loss"] = ev["loss"]
@@ -486,7 +518,12 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
         dp = built.sim.client_dp
         tracker.set_tags({"dp.mechanism": "poisson_subsampled_gaussian", "dp.noise_multiplier": f"{dp.noise_multiplier:.6g}",
                           "dp.sampling_probability": dp.sampling_probability, "dp.clipping_norm": dp.clipping_norm,
-                          "dp.delta": dp.delta})
+                          "dp.delta": dp.delta, "dp.accountant": dp.accountant})
+    if built.sim.local_dp is not None:
+        tracker.set_tags(built.sim.local_dp.tags())  # which sensitivity, and whether its ε is conditional
+    if built.sim.audit is not None:
+        tracker.set_tags({"audit.canaries": built.sim.audit.canaries,
+                          "audit.negative_control": str(built.sim.audit.negative_control).lower()})
     log.info("%s: %s | %s", names["scheme"], tracker.where, "outputs in " + str(out))
     status = "FAILED"
     try:
@@ -501,13 +538,15 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
                             "dp_clipping_norm": dp.clipping_norm, "dp_rounds": acct["rounds"]})
         if built.sim.local_dp is not None:
             summary.update(built.sim.local_dp.summary())
+        if built.sim.canaries is not None:
+            summary.update(built.sim.canaries.result(built.sim.client_dp.delta, built.sim.audit.confidence))
         tracker.log_metrics(summary, step=int(summary["rounds_completed"]))
         status = "FINISHED"
         return summary
     except KeyboardInterrupt:
         status = "KILLED"
         raise
-    except RunDiverged as exc:
+    except (RunDiverged, PrivacyCheckFailed) as exc:
         tracker.set_tags({"fedrun.failure_reason": str(exc)})
         raise
     finally:

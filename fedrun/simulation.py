@@ -17,7 +17,6 @@ from torch import nn
 from fedrun.aggregation import ClientLevelDPSum, WeightedSum
 from fedrun.comm import Ledger
 from fedrun.models.flat import FlatParams
-from fedrun.privacy.accounting import PrivacyAccountant
 from fedrun.privacy.mechanisms import PoissonGaussianEvent
 from fedrun.rng import derive_seed, torch_generator
 from fedrun.sampling import Sampler
@@ -27,13 +26,74 @@ from fedrun.training import ClientData, LocalSpec, Trainer, evaluate
 
 @dataclass(frozen=True)
 class ClientDP:
-    """Client-level DP settings (paper 000; DP-FedAvg): clip S, noise multiplier σ, Poisson rate q."""
+    """Client-level DP settings (paper 000; DP-FedAvg): clip S, noise multiplier σ, Poisson rate q, and the
+    accountant (``rdp`` | ``pld``) whose ε the run reports as ``epsilon``."""
 
     clipping_norm: float
     noise_multiplier: float
     sampling_probability: float
     expected_clients: float
     delta: float
+    accountant: str = "rdp"
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """An empirical privacy audit (client-level DP only): ``canaries`` canary clients, the lower bound's
+    ``confidence``; ``negative_control`` removes the DP noise while the accountant still claims ε (a run that
+    tests the audit itself, never one to report)."""
+
+    canaries: int
+    confidence: float = 0.95
+    negative_control: bool = False
+
+
+class PrivacyCheckFailed(RuntimeError):
+    """What a round did differs from what was accounted (an upload that skipped the DP path, an accountant
+    event without a noised aggregation or the reverse): the run stops FAILED, never reported with a wrong ε."""
+
+
+class PrivacyGuard:
+    """Counts what the simulation's one DP path did in a round and checks it against what was accounted.
+
+    Every upload a scheme records in the ledger (``sim.ledger.uplink``) must have passed through the DP path:
+    client-level DP clips it in an aggregator from :meth:`Simulation.new_aggregator`, local DP noises it in
+    :meth:`Simulation.privatize_upload`. After each round (:meth:`check`, called by the runner):
+
+    * client-level: every uploaded row was clipped in a DP aggregator, the round had ≥ 1 noised aggregation,
+      and the accountant holds exactly one event per noised aggregation (over the whole run);
+    * local: every uploaded row was noised, and each noised row was counted by the local-DP accountant.
+
+    Without DP nothing is counted or checked.
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode  # "off" | "client" | "local"
+        self.noised_aggregations = 0  # over the run (client-level)
+        self.round_noised_aggregations = 0
+        self.round_private_rows = 0  # uploads that went through the DP path this round
+
+    def start_round(self) -> None:
+        self.round_noised_aggregations = 0
+        self.round_private_rows = 0
+
+    def check(self, rnd: int, scheme: str, uploads: int, accountant_events: int, local_rows: int | None) -> None:
+        if self.mode == "off":
+            return
+        where = f"round {rnd} of scheme={scheme} with dp={'true' if self.mode == 'client' else 'local'}"
+        if uploads != self.round_private_rows:
+            raise PrivacyCheckFailed(f"{where}: {uploads} uploads were sent but {self.round_private_rows} went "
+                                     f"through the DP path; the scheme bypasses it, so no ε holds for this run")
+        if self.mode == "client":
+            if self.round_noised_aggregations < 1:
+                raise PrivacyCheckFailed(f"{where}: the model changed without a noised aggregation; the scheme "
+                                         f"bypasses the DP path, so no ε holds for this run")
+            if accountant_events != self.noised_aggregations:
+                raise PrivacyCheckFailed(f"{where}: the accountant has {accountant_events} events for "
+                                         f"{self.noised_aggregations} noised aggregations")
+        elif local_rows is not None and local_rows != self.round_private_rows:
+            raise PrivacyCheckFailed(f"{where}: {self.round_private_rows} uploads were noised but the local-DP "
+                                     f"accountant counted {local_rows}")
 
 
 class ClientState:
@@ -75,7 +135,7 @@ class Simulation:
                  vectorized: bool = True,
                  client_dp: ClientDP | None = None, local_dp=None,
                  x_val: torch.Tensor | None = None, y_val: torch.Tensor | None = None,
-                 layout: FlatParams | None = None) -> None:
+                 layout: FlatParams | None = None, audit: AuditSettings | None = None) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.layout = layout or FlatParams(self.model)
@@ -95,7 +155,19 @@ class Simulation:
         self.client_state = ClientState(data.num_clients, self.device)
         self.client_dp = client_dp
         self.local_dp = local_dp
-        self.accountant = PrivacyAccountant(client_dp.delta) if client_dp is not None else None
+        if client_dp is not None and local_dp is not None:
+            raise ValueError("client-level and local DP are exclusive: give client_dp or local_dp, not both")
+        self.accountant = None
+        if client_dp is not None:
+            from fedrun.privacy.accounting import PrivacyAccountant  # dp_accounting costs ~2 s of import
+
+            self.accountant = PrivacyAccountant(client_dp.delta)
+        self.privacy = PrivacyGuard("client" if client_dp is not None else "local" if local_dp is not None
+                                    else "off")
+        if audit is not None and client_dp is None:
+            raise ValueError("an audit needs client-level DP (its canaries are clients of the DP sum)")
+        self.audit = audit
+        self.canaries = None  # made at the first DP aggregation, when the payload's length is known
         self.last_dp_diagnostics: dict[str, float] = {}
         scheme.setup(self)
 
@@ -133,27 +205,71 @@ class Simulation:
         if self.client_dp is None:
             return WeightedSum(weights, dim, self.device)
         dp = self.client_dp
-        return ClientLevelDPSum(dim, dp.clipping_norm, dp.noise_multiplier, dp.expected_clients,
-                                self.generator(rnd, "client_dp_noise"), self.device)
+        sigma = 0.0 if self.audit is not None and self.audit.negative_control else dp.noise_multiplier
+        agg = ClientLevelDPSum(dim, dp.clipping_norm, sigma, dp.expected_clients,
+                               self.generator(rnd, "client_dp_noise"), self.device)
+        agg.canary_rows = 0
+        if self.audit is not None:  # the audit's canary clients upload through the same DP sum
+            rows = self.make_canaries(dim).rows(self.generator(rnd, "audit_participation"))
+            agg.add(rows)
+            agg.canary_rows = rows.shape[0]
+        return agg
+
+    def make_canaries(self, dim: int):
+        """The audit's canaries for a ``dim``-long payload (drawn once, from the run's seed)."""
+        if self.canaries is None:
+            from fedrun.privacy.canaries import Canaries
+            from fedrun.rng import numpy_rng
+
+            dp = self.client_dp
+            self.canaries = Canaries(self.audit.canaries, dim, dp.clipping_norm, dp.sampling_probability,
+                                     self.generator(0, "audit_canaries"), numpy_rng(self.seed, "audit_included"))
+        if dim != self.canaries.dim:
+            raise ValueError(f"the audit's canaries have length {self.canaries.dim}; this aggregation {dim}")
+        return self.canaries
 
     def finish_aggregate(self, rnd: int, agg) -> torch.Tensor:
+        """The aggregate of the rows added to ``agg``; with client-level DP, the noised sum, one accountant
+        event for it and the rows it clipped counted as privatized uploads."""
         out = agg.finish()
-        if self.client_dp is not None:
+        if self.client_dp is not None and isinstance(agg, ClientLevelDPSum):
             self.accountant.record(PoissonGaussianEvent(self.client_dp.noise_multiplier,
                                                         self.client_dp.sampling_probability))
+            self.privacy.noised_aggregations += 1
+            self.privacy.round_noised_aggregations += 1
+            self.privacy.round_private_rows += agg.seen - agg.canary_rows
             self.last_dp_diagnostics = agg.diagnostics()
+            if self.canaries is not None:
+                self.canaries.observe(out)
         return out
 
     def privatize_upload(self, rnd: int, clients: np.ndarray, payload: torch.Tensor) -> torch.Tensor:
         """Local DP (paper 001): each client noises what it uploads; identity when local DP is off."""
         if self.local_dp is None:
             return payload
-        return self.local_dp.privatize(self, rnd, clients, payload)
+        out = self.local_dp.privatize(self, rnd, clients, payload)
+        self.privacy.round_private_rows += len(clients)
+        return out
 
-    def epsilon(self) -> float | None:
-        """ε spent so far (client-level: RDP accountant; local: the worst client's), None without DP."""
+    def start_round(self) -> None:
+        """Reset the round's byte and privacy counters (the runner calls it before ``scheme.round``)."""
+        self.ledger.start_round()
+        self.privacy.start_round()
+        if self.local_dp is not None:
+            self.local_dp.start_round()
+
+    def check_privacy(self, rnd: int) -> None:
+        """After ``scheme.round``: every upload went through the DP path and was accounted (see
+        :class:`PrivacyGuard`); raises :class:`PrivacyCheckFailed` otherwise."""
+        events = len(self.accountant.events) if self.accountant is not None else 0
+        local_rows = self.local_dp.round_noised_rows if self.local_dp is not None else None
+        self.privacy.check(rnd, type(self.scheme).__name__, self.ledger.uplink_messages_round, events, local_rows)
+
+    def epsilon(self, accountant: str | None = None) -> float | None:
+        """ε spent so far, None without DP. Client-level: from ``accountant`` (default: the configured one,
+        ``client_dp.accountant``); local: the worst client's (its own accountant)."""
         if self.accountant is not None:
-            return self.accountant.epsilon("rdp")
+            return self.accountant.epsilon(accountant or self.client_dp.accountant)
         if self.local_dp is not None:
             return self.local_dp.epsilon()
         return None

@@ -37,6 +37,7 @@ SWEPT_FILE = "mlflow_swept_keys.txt"  # the sweep's swept override keys, one a l
 #: Per-round metrics a researcher comes for: logged under their own names (MLflow's "Model metrics" section and
 #: plain column names in the runs table); every other metric goes under a prefix, into a group of its own.
 KEY_METRICS = ("test_accuracy", "test_mse", "test_loss", "train_loss", "val_accuracy", "val_mse", "epsilon",
+               "audit_epsilon_lower",
                "uplink_bytes_total", "uplink_bytes", "downlink_bytes_total", "downlink_bytes", "cost_bits",
                "round_seconds")
 #: The run summary's own numbers (one value at the last round): ``summary/…``.
@@ -57,7 +58,7 @@ RENAMED = {
     "frozen_params": "transfer/frozen_params", "feature_dim": "transfer/feature_dim", "cut_layer": "transfer/cut_layer",
 }
 #: fedrun name prefix → MLflow group (client-level DP, local DP, the FL-CS decoder, …).
-PREFIX_RULES = (("partition_", "partition/"), ("ldp_", "local_dp/"), ("dp_", "dp/"), ("cs_", "decoder/"),
+PREFIX_RULES = (("audit_", "audit/"), ("partition_", "partition/"), ("ldp_", "local_dp/"), ("dp_", "dp/"), ("cs_", "decoder/"),
                 ("server_", "server/"), ("source_", "transfer/source_"), ("label_", "leakage/label_"),
                 ("paper_", "comm/paper_"))
 OTHER = "other/"  # a metric nobody placed yet (tests/unit/test_tracking.py fails on it)

@@ -1,13 +1,9 @@
-"""Clipping, noise samplers and the client-level DP sum, plus the events they emit.
+"""Clipping and noise samplers, plus the events that describe what a mechanism did.
 
 Pure tensor math: no I/O, randomness comes in as a ``torch.Generator``.
 
-* Client-level DP-FedAvg (McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private Recurrent
-  Language Models", ICLR 2018, Alg. 1 with the fixed-denominator estimator f̃_f): each sampled client's
-  update is clipped to L2 norm S, the clipped updates are summed, N(0, σ²S² I) is added and the result is
-  divided by the *expected* number of clients qW (here ``expected_clients``), never by the realized count,
-  so the sensitivity of the estimate stays S/(qW) under add/remove-one-client. Paper 000 (Kerkouche et al.,
-  Sec. III-B2) applies the same mechanism in the compressed domain.
+* The client-level DP sum built from them (DP-FedAvg's clip → sum → N(0, σ²S²) → ÷ qW) has one
+  implementation, :class:`fedrun.aggregation.ClientLevelDPSum`, the one the simulation runs.
 * The events (frozen dataclasses at the bottom) describe what a mechanism did; ``accounting.py`` composes
   them (habit 2 of the design: dp_accounting-style events).
 """
@@ -27,7 +23,6 @@ __all__ = [
     "clip_vector",
     "gaussian_noise",
     "laplace_noise",
-    "client_level_dp_sum",
     "PoissonGaussianEvent",
     "GaussianEvent",
     "LaplaceEvent",
@@ -120,44 +115,6 @@ def laplace_noise(
         return torch.zeros(shape, device=dev, dtype=dtype)
     e = torch.empty((2, *shape), device=dev, dtype=dtype).exponential_(generator=generator)
     return (e[0] - e[1]) * scale
-
-
-# ---------------------------------------------------------------------------------------- client-level DP sum
-def client_level_dp_sum(
-    payload: Tensor,
-    clipping_norm: float,
-    noise_multiplier: float,
-    expected_clients: float,
-    generator: torch.Generator,
-) -> tuple[Tensor, dict[str, float]]:
-    """Noisy average of the clients' transmitted vectors (DP-FedAvg, McMahan et al. 2018, Alg. 1, f̃_f).
-
-    ``payload`` is [K, m] (K may be 0 when Poisson sampling picked nobody). Returns
-    ``(Σ_k clip(x_k, S) + N(0, σ²S² I)) / expected_clients`` and diagnostics:
-    ``num_clients``, ``clipped_fraction`` and ``mean_norm`` (pre-clip L2 norm; both NaN when K = 0),
-    ``noise_std`` (σS/expected_clients, the std per coordinate of the returned estimate).
-    The noise is drawn on ``payload``'s device and dtype from ``generator``, which must live on that device.
-    Under Poisson client sampling with probability q, the matching event is
-    ``PoissonGaussianEvent(noise_multiplier, q)`` with ``expected_clients = q·num_clients``.
-    """
-    if payload.dim() != 2:
-        raise ValueError(f"payload has shape {tuple(payload.shape)}; expected [K, m]")
-    _check_positive_finite("clipping_norm", clipping_norm)
-    _check_nonnegative_finite("noise_multiplier", noise_multiplier)
-    _check_positive_finite("expected_clients", expected_clients)
-    num_clients, dim = payload.shape
-    clipped, norms = clip_rows(payload, clipping_norm)
-    total = clipped.sum(dim=0)
-    noise_std_sum = noise_multiplier * clipping_norm
-    noise = gaussian_noise((dim,), noise_std_sum, generator, device=payload.device, dtype=payload.dtype)
-    estimate = (total + noise) / expected_clients
-    diagnostics = {
-        "num_clients": float(num_clients),
-        "clipped_fraction": float((norms > clipping_norm).float().mean()) if num_clients else math.nan,
-        "mean_norm": float(norms.mean()) if num_clients else math.nan,
-        "noise_std": noise_std_sum / expected_clients,
-    }
-    return estimate, diagnostics
 
 
 # ---------------------------------------------------------------------------------------------------- events

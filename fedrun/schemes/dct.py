@@ -58,6 +58,8 @@ class DCTScheme(Scheme):
     """Shared part of FL-FREQ and FL-CS: the DCT compressor, m, the 4·m-byte upload."""
 
     compresses = True
+    #: no local DP: paper 001's noise is calibrated to the model update (length n), not to m coefficients
+    dp_modes = ("off", "client")
 
     def __init__(self, r: float = 1.0, chunks: int = 1, shuffle: bool | None = None,
                  pad_to_fast_len: bool | None = None, server_lr: float = 1.0) -> None:

@@ -41,6 +41,8 @@ class RandomCoordinatesScheme(Scheme):
     """
 
     compresses = True
+    #: no local DP: paper 001's noise is calibrated to the model update (length n), not to m coordinates
+    dp_modes = ("off", "client")
 
     def __init__(self, r: float = 1.0, server_lr: float = 1.0) -> None:
         super().__init__(server_lr=server_lr)

@@ -49,6 +49,8 @@ BAD_VALUES = [
     (["device=tpu"], "device='tpu' is not allowed"),
     (["dataset=lending_club", "scheme=fl_cs"], "scheme=fl_cs does not apply to dataset=lending_club"),
     (["scheme=fbftl", "dp=true"], "dp=true is not available with scheme=fbftl"),
+    (["dataset=lending_club", "partition=state", "partition.copies=2", "dp=local_laplace", "epsilon=1"],
+     "partition.copies=2 with dp=local_laplace"),
     (["data_root=/nonexistent"], "data_root=/nonexistent: the data folder does not exist"),
 ]
 
@@ -68,6 +70,20 @@ def test_bad_values_give_one_clear_line(fedrun_in_process, shared_data, args, me
     assert "Traceback" not in err
     lines = [ln for ln in err.splitlines() if ln.startswith("fedrun: error:")]
     assert len(lines) == 1 and message in lines[0], err
+
+
+@pytest.mark.parametrize("scheme,dp", [("fbftl", "true"), ("sketchedsgd", "true"), ("fedsketch", "local_laplace"),
+                                       ("fl_cs", "local_gaussian")])
+def test_a_dp_mode_the_scheme_does_not_take_is_refused_before_any_data_is_read(fedrun_in_process, tmp_path,
+                                                                                  monkeypatch, scheme, dp):
+    empty = tmp_path / "no_data_here"
+    empty.mkdir()
+    monkeypatch.setenv("FEDRUN_DATA", str(empty))  # reading any dataset would fail with "not found"
+    monkeypatch.setenv("FEDRUN_CACHE", str(tmp_path / "cache"))
+    code, out, err = fedrun_in_process([f"scheme={scheme}", f"dp={dp}", "tracking=none"])
+    assert code == 2 and "Traceback" not in err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("fedrun: error:")]
+    assert f"dp={dp} is not available with scheme={scheme}" in line and "it takes dp=" in line
 
 
 def test_named_data_folder_must_exist_even_with_data_in_the_cache(fedrun_in_process, tmp_path, monkeypatch):
@@ -122,13 +138,22 @@ def test_default_command_is_fl_cs_with_client_level_dp_logged_to_sqlite_in_cwd(t
     assert 0 < run.data.metrics["epsilon"] <= 1.0
 
 
-def test_parallel_sweep_loses_no_run(tmp_path, shared_data):
-    """Two parallel joblib jobs on a fresh SQLite store both appear, grouped under a parent run."""
+# slow with the joblib launcher: three fresh interpreters and MLflow stores (~45 s of CPU)
+@pytest.mark.parametrize("parallel", [False, pytest.param(True, marks=[pytest.mark.slow, pytest.mark.process])],
+                         ids=["basic_launcher_in_process", "joblib_2_jobs"])
+def test_sweep_loses_no_run(tmp_path, shared_data, parallel, fedrun_in_process, monkeypatch):
+    """A sweep's two jobs on a fresh SQLite store both appear, grouped under a parent run: one after the other
+    in this process (Hydra's basic launcher), and as two parallel joblib processes writing to the store."""
     from mlflow.tracking import MlflowClient
 
-    p = fedrun(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "seed=0,1", "dataset=lending_club",
-                "local_mode=gd", "lr=0.3", "progress=off", f"data_root={shared_data}"] + FAST, tmp_path,
-               {"MLFLOW_TRACKING_URI": "", "OMP_NUM_THREADS": "1"}, timeout=900)
+    args = ["-m", "seed=0,1", "dataset=lending_club", "local_mode=gd", "lr=0.3", "progress=off",
+            f"data_root={shared_data}"] + FAST
+    if parallel:
+        p = fedrun(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *args[1:]], tmp_path,
+                   {"MLFLOW_TRACKING_URI": "", "OMP_NUM_THREADS": "1"}, timeout=900)
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+        p = subprocess.CompletedProcess(["fedrun"], *fedrun_in_process(args))
     assert p.returncode == 0, p.stderr[-3000:]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("fedrun")

@@ -77,3 +77,140 @@ def _plain(cfg):
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+# ------------------------------------------------------------------- the noise of the DP path the runner takes
+def _round_update(fast_cfg, sigma: float, clients=None, rounds: int = 1):
+    """One round of FL-STD with client-level DP through the simulation's DP path: (update, sim, clients)."""
+    sim = build(_plain(fast_cfg("dataset=mnist", "model=lenet5", f"noise_multiplier={sigma}", *DP))).sim
+    w0 = sim.params.clone()
+    clients = sim.select(1) if clients is None else clients
+    sim.start_round()
+    sim.scheme.round(sim, 1, clients)
+    sim.check_privacy(1)
+    return (sim.params - w0).double(), sim, clients
+
+
+def test_noise_of_a_round_has_std_sigma_s_over_qn(fast_cfg):
+    """Noised update − the same round's update without noise (same seed: same training) is the noise the DP sum
+    added, ÷ q·N: per coordinate N(0, (σS/qN)²). Over n ≈ 44k coordinates the sample std is within
+    5/√(2n) ≈ 1.7 % of σS/qN and the mean within 5·std/√n, with overwhelming probability; float32 round-off
+    of the parameters (~1e-8 · |w|) is negligible at that scale. Fails if the noise is removed or scaled."""
+    noisy, sim, clients = _round_update(fast_cfg, 1.0)
+    clean, _, _ = _round_update(fast_cfg, 0.0, clients)
+    residual = noisy - clean
+    n, std = residual.numel(), 1.0 * 0.05 / (0.25 * 40)
+    assert residual.std().item() == pytest.approx(std, rel=5 / math.sqrt(2 * n))
+    assert abs(residual.mean().item()) < 5 * std / math.sqrt(n)
+    assert len(sim.accountant.events) == 1  # one event for the round's one noised aggregation
+
+
+def test_an_empty_round_is_pure_noise(fast_cfg):
+    import numpy as np
+
+    update, sim, _ = _round_update(fast_cfg, 1.5, clients=np.zeros(0, dtype=np.int64))
+    n, std = update.numel(), 1.5 * 0.05 / (0.25 * 40)
+    assert update.std().item() == pytest.approx(std, rel=5 / math.sqrt(2 * n))
+    assert len(sim.accountant.events) == 1 and sim.epsilon() > 0  # an empty round is still a release
+
+
+def test_clipping_bounds_each_clients_contribution(fast_cfg):
+    """Without noise, one client's effect on the round's update has norm ≤ S/(qN), however far it trained."""
+    import numpy as np
+
+    cfg = ("dataset=mnist", "model=lenet5", "noise_multiplier=0.0", "lr=5", *DP)  # lr=5: far beyond S
+    sim = build(_plain(fast_cfg(*cfg))).sim
+    w0 = sim.params.clone()
+    one = np.array([3])
+    sim.scheme.round(sim, 1, one)
+    bound = 0.05 / (0.25 * 40)
+    # float32: the clip scales by S/‖Δ‖ (rounding ~n·u relative) and ÷ qN, added to w0 (round-off u·|w0|)
+    assert (sim.params - w0).double().norm().item() <= bound * (1 + 1e-4) + 1e-7 * w0.norm().item()
+    assert sim.last_dp_diagnostics["dp_clipped_fraction"] == 1.0
+
+
+# ------------------------------------------------------------------------- a scheme cannot bypass the DP path
+class BypassingScheme:
+    """A scheme with its own round that uploads and aggregates without the simulation's DP path."""
+
+    dp_modes = ("off", "client", "local")
+    compresses = False
+    needs_image_source = False
+
+    def __new__(cls, **kwargs):
+        from fedrun.aggregation import WeightedSum
+        from fedrun.comm import Message
+        from fedrun.schemes.fedavg import FedAvg
+
+        class _Bypass(FedAvg):
+            def round(self, sim, rnd, clients):
+                agg = WeightedSum(self.weights(sim, clients), sim.n, sim.device)
+                for chunk, local, _ in sim.train(clients, rnd):
+                    sim.ledger.uplink(Message.of_shape(sim.n), len(chunk))
+                    agg.add(local - sim.params)
+                sim.params.add_(agg.finish())
+                return {"train_loss": 0.0}
+
+        return _Bypass(**kwargs)
+
+
+class _Recorder:
+    """A tracker that keeps the tags and the final status (the part of MLflow the check reaches)."""
+
+    run_id, where = None, "test"
+
+    def __init__(self):
+        self.tags, self.status, self.metrics = {}, None, []
+
+    def check(self): pass
+    def start(self, params, tags, run_name=None, run_id=None): self.tags.update(tags)
+    def set_tags(self, tags): self.tags.update(tags)
+    def log_metrics(self, metrics, step): self.metrics.append((step, dict(metrics)))
+    def log_artifact(self, path): pass
+    def last_step(self, metric): return 0
+    def end(self, status="FINISHED"): self.status = status
+
+
+@pytest.mark.parametrize("dp", [["noise_multiplier=1.0", *DP],
+                                ["dp=local_gaussian", "epsilon=5", "sampler=round_robin", "local_mode=gd",
+                                 "local_clip=1", "num_clients=40", "clients_per_round=10"]], ids=["client", "local"])
+def test_a_round_that_bypasses_the_dp_path_fails_the_run(fast_cfg, tmp_path, dp):
+    from fedrun.simulation import PrivacyCheckFailed
+
+    cfg = _plain(fast_cfg("dataset=mnist", "model=lenet5", "rounds=3", *dp))
+    cfg["scheme"] = {"_target_": f"{__name__}.BypassingScheme"}
+    tracker = _Recorder()
+    with pytest.raises(PrivacyCheckFailed, match="uploads were sent but 0 went through the DP path"):
+        run(cfg, tracker=tracker, out_dir=tmp_path)
+    assert tracker.status == "FAILED" and "bypasses" in tracker.tags["fedrun.failure_reason"]
+    assert not [m for _, m in tracker.metrics if "epsilon" in m]  # no round is logged with an ε
+
+
+def test_accountant_events_must_match_noised_aggregations(fast_cfg):
+    from fedrun.privacy.mechanisms import PoissonGaussianEvent
+    from fedrun.simulation import PrivacyCheckFailed
+
+    sim = build(_plain(fast_cfg("dataset=mnist", "model=lenet5", "noise_multiplier=1.0", *DP))).sim
+    sim.start_round()
+    sim.scheme.round(sim, 1, sim.select(1))
+    sim.check_privacy(1)
+    sim.accountant.record(PoissonGaussianEvent(1.0, 0.25))  # an event no aggregation stands for
+    sim.start_round()
+    sim.scheme.round(sim, 2, sim.select(2))
+    with pytest.raises(PrivacyCheckFailed, match="3 events for 2 noised aggregations"):
+        sim.check_privacy(2)
+
+
+# ------------------------------------------------------------------------------ ε from the configured accountant
+def test_pld_accountant_logs_pld_epsilon_within_budget(fast_cfg, tmp_path):
+    """`accountant=pld epsilon=1`: σ calibrated with PLD, and the ε logged each round is PLD's (≤ 1), with
+    epsilon_rdp beside it (RDP is looser: above PLD's)."""
+    summary = run(fast_cfg("dataset=mnist", "model=lenet5", "epsilon=1", "accountant=pld", "rounds=3", *DP),
+                  out_dir=tmp_path)
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3
+    for r in rows:
+        assert float(r["epsilon"]) == float(r["epsilon_pld"]) and float(r["epsilon_rdp"]) >= float(r["epsilon"])
+    assert 0.99 <= summary["epsilon_final"] <= 1.0 and summary["epsilon_final"] == summary["epsilon_pld"]
+    assert summary["epsilon_at_best"] <= 1.0

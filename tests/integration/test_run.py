@@ -126,3 +126,28 @@ def test_early_stopping_holds_out_data_and_stops(fast_cfg, tmp_path):
     assert summary["rounds_completed"] < 30
     assert summary["stopped_round"] == summary["rounds_completed"]
     assert "val_mse" in _rows(tmp_path / "metrics.csv")[0]
+
+
+class NaNLossScheme:
+    """FedAvg whose clients report a NaN training loss from round 2 on (the model itself stays finite)."""
+
+    def __new__(cls, **kwargs):
+        from fedrun.schemes.fedavg import FedAvg
+
+        class _NaNLoss(FedAvg):
+            def round(self, sim, rnd, clients):
+                metrics = super().round(sim, rnd, clients)
+                return {**metrics, "train_loss": float("nan")} if rnd >= 2 else metrics
+
+        return _NaNLoss(**kwargs)
+
+
+def test_a_nan_training_loss_stops_the_run(fast_cfg, tmp_path):
+    from fedrun.run import RunDiverged
+
+    cfg = _plain(fast_cfg("dataset=mnist", "model=lenet5", "rounds=4", "sampler=all", "num_clients=10"))
+    cfg["scheme"] = {"_target_": f"{__name__}.NaNLossScheme"}
+    with pytest.raises(RunDiverged, match="diverged at round 2"):
+        run(cfg, out_dir=tmp_path)
+    with open(tmp_path / "metrics.csv") as f:
+        assert [int(r["round"]) for r in csv.DictReader(f)] == [1]  # round 1 kept, nothing after

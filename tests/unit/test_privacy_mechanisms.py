@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats
 
+from fedrun.aggregation import ClientLevelDPSum
 from fedrun.privacy.mechanisms import (
     GaussianEvent,
     LaplaceEvent,
     PoissonGaussianEvent,
     clip_rows,
     clip_vector,
-    client_level_dp_sum,
     gaussian_noise,
     laplace_noise,
 )
@@ -122,51 +122,67 @@ def _reference_clipped_sum(payload: np.ndarray, s: float) -> np.ndarray:
     return total
 
 
+def _dp_sum(payload: torch.Tensor, s: float, sigma: float, w: float, gen: torch.Generator, chunk: int = 3):
+    """fedrun's client-level DP sum (the runner's implementation), fed in chunks as the rounds do."""
+    agg = ClientLevelDPSum(payload.shape[1], s, sigma, w, gen, payload.device, dtype=payload.dtype)
+    for i in range(0, payload.shape[0], chunk):
+        agg.add(payload[i:i + chunk])
+    return agg.finish(), agg.diagnostics()
+
+
 def test_dp_sum_without_noise_is_clipped_mean():
     rng = np.random.default_rng(0)
     payload = rng.normal(size=(7, 5)) * rng.uniform(0.1, 3, size=(7, 1))
-    est, diag = client_level_dp_sum(torch.from_numpy(payload), 1.0, 0.0, 10.0, _gen(0))
+    est, diag = _dp_sum(torch.from_numpy(payload), 1.0, 0.0, 10.0, _gen(0))
     np.testing.assert_allclose(est.numpy(), _reference_clipped_sum(payload, 1.0) / 10.0, rtol=1e-12)
     norms = np.linalg.norm(payload, axis=1)
-    assert diag["num_clients"] == 7
-    assert diag["clipped_fraction"] == pytest.approx(np.mean(norms > 1.0))
-    assert diag["mean_norm"] == pytest.approx(norms.mean())
-    assert diag["noise_std"] == 0.0
+    assert diag["dp_clients"] == 7
+    assert diag["dp_clipped_fraction"] == pytest.approx(np.mean(norms > 1.0))
+    assert diag["dp_mean_norm"] == pytest.approx(norms.mean())
+    assert diag["dp_noise_std"] == 0.0
 
 
 def test_dp_sum_noise_std():
-    """Empirical std of (estimate − clipped mean) over many seeded draws is σS/expected_clients."""
+    """Empirical std of (estimate − clipped mean) over many seeded draws is σS/expected_clients: 25·2000
+    draws, so the sample std is within 5·(1/√(2·50000)) = 1.6 % of the true one with overwhelming probability."""
     payload = torch.randn(4, 2000, generator=_gen(3), dtype=torch.float64)
     sigma, s, w = 1.3, 0.5, 8.0
     clean = torch.from_numpy(_reference_clipped_sum(payload.numpy(), s) / w)
-    residuals = [(client_level_dp_sum(payload, s, sigma, w, _gen(100 + i))[0] - clean) for i in range(25)]
+    residuals = [(_dp_sum(payload, s, sigma, w, _gen(100 + i))[0] - clean) for i in range(25)]
     r = torch.cat(residuals).numpy()
-    assert r.std() == pytest.approx(sigma * s / w, rel=0.02)
+    assert r.std() == pytest.approx(sigma * s / w, rel=5 / math.sqrt(2 * r.size))
     assert abs(r.mean()) < 5 * sigma * s / w / math.sqrt(r.size)
-    assert client_level_dp_sum(payload, s, sigma, w, _gen(0))[1]["noise_std"] == pytest.approx(sigma * s / w)
+    assert _dp_sum(payload, s, sigma, w, _gen(0))[1]["dp_noise_std"] == pytest.approx(sigma * s / w)
 
 
 def test_dp_sum_with_no_clients_is_pure_noise():
     empty = torch.zeros(0, 50_000, dtype=torch.float64)
-    est, diag = client_level_dp_sum(empty, 2.0, 1.5, 4.0, _gen(9))
+    est, diag = _dp_sum(empty, 2.0, 1.5, 4.0, _gen(9))
     assert est.shape == (50_000,) and est.dtype == torch.float64
-    assert est.std().item() == pytest.approx(1.5 * 2.0 / 4.0, rel=0.02)
-    assert diag["num_clients"] == 0 and math.isnan(diag["clipped_fraction"]) and math.isnan(diag["mean_norm"])
-    est0, _ = client_level_dp_sum(empty, 2.0, 0.0, 4.0, _gen(9))
+    assert est.std().item() == pytest.approx(1.5 * 2.0 / 4.0, rel=5 / math.sqrt(2 * 50_000))
+    assert diag["dp_clients"] == 0 and diag["dp_clipped_fraction"] == 0 and diag["dp_mean_norm"] == 0
+    est0, _ = _dp_sum(empty, 2.0, 0.0, 4.0, _gen(9))
     assert torch.equal(est0, torch.zeros(50_000, dtype=torch.float64))
+
+
+def test_dp_sum_bounds_each_clients_contribution():
+    """One client with a huge update moves the noiseless estimate by at most S/expected_clients."""
+    big = torch.full((1, 100), 1e6, dtype=torch.float64)
+    est, _ = _dp_sum(big, 0.5, 0.0, 4.0, _gen(0))
+    assert est.norm().item() == pytest.approx(0.5 / 4.0, rel=1e-12)
 
 
 def test_dp_sum_is_seeded_and_validates():
     p = torch.randn(3, 10, generator=_gen(0))
-    a, _ = client_level_dp_sum(p, 1.0, 1.0, 3.0, _gen(1))
-    b, _ = client_level_dp_sum(p, 1.0, 1.0, 3.0, _gen(1))
-    assert torch.equal(a, b)
+    a, _ = _dp_sum(p, 1.0, 1.0, 3.0, _gen(1))
+    b, _ = _dp_sum(p, 1.0, 1.0, 3.0, _gen(1), chunk=1)
+    assert torch.equal(a, b)  # the noise does not depend on how the rows were chunked
     with pytest.raises(ValueError, match="noise_multiplier=-0.5"):
-        client_level_dp_sum(p, 1.0, -0.5, 3.0, _gen(1))
+        _dp_sum(p, 1.0, -0.5, 3.0, _gen(1))
     with pytest.raises(ValueError, match="expected_clients=0"):
-        client_level_dp_sum(p, 1.0, 1.0, 0.0, _gen(1))
-    with pytest.raises(ValueError, match="payload"):
-        client_level_dp_sum(torch.ones(3), 1.0, 1.0, 3.0, _gen(1))
+        _dp_sum(p, 1.0, 1.0, 0.0, _gen(1))
+    with pytest.raises(ValueError, match="x has shape"):
+        ClientLevelDPSum(3, 1.0, 1.0, 3.0, _gen(1), "cpu").add(torch.ones(3))
 
 
 # ----------------------------------------------------------------------------------------------------- events
