@@ -168,10 +168,8 @@ class LocalDP:
         self._round_weights: dict[int, float] = {}
         self._round_formula = 0.0
         self._round_std = 0.0
-        #: set (by make_local_dp) to the scheme's name to check, at every per-round ``epsilon()``, that the
-        #: scheme sent its uploads through ``privatize`` (schemes with their own round may not: no noise)
+        #: the scheme's name (set by make_local_dp; for messages)
         self.scheme_name: str | None = None
-        self._uploads = 0
         #: rows noised since :meth:`start_round` (the simulation's privacy check compares them with the uploads)
         self.round_noised_rows = 0
 
@@ -203,7 +201,6 @@ class LocalDP:
                 log.warning("client %d takes part more often than the T_l=%d its noise was calibrated for; "
                             "its composed ε now exceeds the target", l, self.participations[l])
         self.counts[clients] += (self.sizes[clients] > 0)
-        self._uploads += 1
         self.round_noised_rows += len(clients)
         if self.noiseless:
             return payload
@@ -272,17 +269,7 @@ class LocalDP:
 
     def epsilon(self) -> float:
         """The worst client's ε composed so far from the noise actually added (basic composition / RDP).
-
-        With ``scheme_name`` set (runs built from a config), each call — once per round — also checks that
-        the round's uploads went through :meth:`privatize`; a scheme with its own round that bypasses the
-        hook would otherwise run without noise, so that is a ConfigError.
-        """
-        if self.scheme_name is not None:
-            if self._uploads == 0:
-                raise ConfigError(f"dp=local_{self.mechanism} adds noise to the uploads a scheme passes to "
-                                  f"sim.privatize_upload; scheme={self.scheme_name} has its own round and does "
-                                  f"not, so no noise was added; use scheme=ldp_fedavg or fl_std")
-            self._uploads = 0
+        (That every upload of a round was noised is checked by the simulation's PrivacyGuard.)"""
         ranked = self._ranked_clients()
         return 0.0 if len(ranked) == 0 else self._client_epsilon(int(ranked[-1]))
 

@@ -271,15 +271,3 @@ def test_trainer_respects_the_sensitivity_bound_on_linear_regression(ord_):
     slack = f32_tol(scale, terms=e + 2 + p)
     assert 0.3 * paper < gap <= paper + slack  # in L1 an empirical check on this instance (proven: L2)
     assert gap <= sensitivity(zeta, eta, e, n, nonexpansive=False)
-
-
-def test_per_round_check_that_the_scheme_used_the_hook():
-    """A run's LocalDP (scheme_name set) refuses a round in which no upload went through privatize."""
-    from fedrun.config import ConfigError
-
-    dp = _ldp("laplace", clients=2)
-    dp.scheme_name = "fedsketch"
-    dp.privatize(FakeSim(3, np.array([0])), 1, np.array([0]), torch.zeros(1, 3))
-    assert dp.epsilon() > 0  # round 1 went through the hook
-    with pytest.raises(ConfigError, match="scheme=fedsketch has its own round"):
-        dp.epsilon()  # round 2 did not
