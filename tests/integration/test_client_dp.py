@@ -171,13 +171,14 @@ class _Recorder:
     def end(self, status="FINISHED"): self.status = status
 
 
-@pytest.mark.parametrize("dp", [["noise_multiplier=1.0", *DP],
-                                ["dp=local_gaussian", "epsilon=5", "sampler=round_robin", "local_mode=gd",
-                                 "local_clip=1", "num_clients=40", "clients_per_round=10"]], ids=["client", "local"])
+@pytest.mark.parametrize("dp", [["dataset=mnist", "model=lenet5", "noise_multiplier=1.0", *DP],
+                                ["dataset=lending_club", "model=lr", "dp=local_gaussian", "epsilon=5",
+                                 "sampler=round_robin", "local_mode=gd", "local_clip=1", "clients_per_round=10"]],
+                         ids=["client", "local"])
 def test_a_round_that_bypasses_the_dp_path_fails_the_run(fast_cfg, tmp_path, dp):
     from fedrun.simulation import PrivacyCheckFailed
 
-    cfg = _plain(fast_cfg("dataset=mnist", "model=lenet5", "rounds=3", *dp))
+    cfg = _plain(fast_cfg("rounds=3", *dp))
     cfg["scheme"] = {"_target_": f"{__name__}.BypassingScheme"}
     tracker = _Recorder()
     with pytest.raises(PrivacyCheckFailed, match="uploads were sent but 0 went through the DP path"):
