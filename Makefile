@@ -12,6 +12,10 @@ ifeq ($(origin FEDRUN_DATA), undefined)
   endif
 endif
 PYTEST_ARGS ?=
+# make test: two pytest workers (pytest-xdist), one per core of the 2-core CI machine, each test file on one
+# worker (--dist loadfile: a file's tests share their fixtures); TEST_WORKERS=0 runs in this process
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: install run test test-slow bench ui tables clean
 
@@ -29,7 +33,7 @@ run: install
 	$(BIN)/fedrun $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)

@@ -62,7 +62,7 @@ def test_unchunked_default_is_the_first_m_dct_rows_with_orthonormal_rows() -> No
 @given(n=st.integers(2, 200), r=st.floats(0.01, 1.0), chunks=st.integers(1, 9), shuffle=st.booleans(), fast=st.booleans())
 @settings(max_examples=20, deadline=None)
 def test_linear_and_adjoint_for_any_layout(n: int, r: float, chunks: int, shuffle: bool, fast: bool) -> None:
-    comp = DCTCompressor(n, r, seed=1, shuffle=shuffle, pad_to_fast_len=fast, chunks=min(chunks, int(np.ceil(r * n))))
+    comp = DCTCompressor(n, r, seed=1, shuffle=shuffle, pad_to_fast_len=fast, chunks=min(chunks, DCTCompressor(n, r).m))
     gen = torch.Generator().manual_seed(n)
     a, b = torch.randn(2, n, generator=gen, dtype=torch.float64), torch.randn(2, n, generator=gen, dtype=torch.float64)
     np.testing.assert_allclose((comp.compress(a) + comp.compress(b)).numpy(), comp.compress(a + b).numpy(), atol=1e-12)
