@@ -21,7 +21,7 @@ from fedrun.privacy.mechanisms import PoissonGaussianEvent
 from fedrun.rng import derive_seed, torch_generator
 from fedrun.sampling import Sampler
 from fedrun.schemes.base import Scheme
-from fedrun.training import ClientData, LocalSpec, Trainer, evaluate
+from fedrun.training import ClientData, LocalSpec, Trainer, eval_copy, evaluate
 
 
 @dataclass(frozen=True)
@@ -277,4 +277,6 @@ class Simulation:
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, split: str = "test") -> dict[str, float]:
         x, y = (self.x_test, self.y_test) if split == "test" else (self.x_val, self.y_val)
-        return evaluate(self.model, self.layout, self.params, x, y, self.spec.loss)
+        if getattr(self, "_eval_model", None) is None:  # made at the first evaluation (after prepare_model)
+            self._eval_model = eval_copy(self.model, self.device)
+        return evaluate(self._eval_model, self.layout, self.params, x, y, self.spec.loss)
