@@ -71,18 +71,21 @@ class PrivacyGuard:
         self.mode = mode  # "off" | "client" | "local"
         self.noised_aggregations = 0  # over the run (client-level)
         self.round_noised_aggregations = 0
-        self.round_private_rows = 0  # uploads that went through the DP path this round
+        self.round_private_rows = 0  # rows that went through the DP path this round
+        self.round_canary_rows = 0  # of which the audit's canaries (no upload of a client)
 
     def start_round(self) -> None:
         self.round_noised_aggregations = 0
         self.round_private_rows = 0
+        self.round_canary_rows = 0
 
     def check(self, rnd: int, scheme: str, uploads: int, accountant_events: int, local_rows: int | None) -> None:
         if self.mode == "off":
             return
         where = f"round {rnd} of scheme={scheme} with dp={'true' if self.mode == 'client' else 'local'}"
-        if uploads != self.round_private_rows:
-            raise PrivacyCheckFailed(f"{where}: {uploads} uploads were sent but {self.round_private_rows} went "
+        private = self.round_private_rows - self.round_canary_rows
+        if uploads != private:
+            raise PrivacyCheckFailed(f"{where}: {uploads} uploads were sent but {private} went "
                                      f"through the DP path; the scheme bypasses it, so no ε holds for this run")
         if self.mode == "client":
             if self.round_noised_aggregations < 1:
@@ -168,6 +171,7 @@ class Simulation:
             raise ValueError("an audit needs client-level DP (its canaries are clients of the DP sum)")
         self.audit = audit
         self.canaries = None  # made at the first DP aggregation, when the payload's length is known
+        self._eval_model: nn.Module | None = None
         self.last_dp_diagnostics: dict[str, float] = {}
         scheme.setup(self)
 
@@ -208,11 +212,10 @@ class Simulation:
         sigma = 0.0 if self.audit is not None and self.audit.negative_control else dp.noise_multiplier
         agg = ClientLevelDPSum(dim, dp.clipping_norm, sigma, dp.expected_clients,
                                self.generator(rnd, "client_dp_noise"), self.device)
-        agg.canary_rows = 0
         if self.audit is not None:  # the audit's canary clients upload through the same DP sum
             rows = self.make_canaries(dim).rows(self.generator(rnd, "audit_participation"))
             agg.add(rows)
-            agg.canary_rows = rows.shape[0]
+            self.privacy.round_canary_rows += rows.shape[0]  # rows of the audit, not uploads of clients
         return agg
 
     def make_canaries(self, dim: int):
@@ -237,7 +240,7 @@ class Simulation:
                                                         self.client_dp.sampling_probability))
             self.privacy.noised_aggregations += 1
             self.privacy.round_noised_aggregations += 1
-            self.privacy.round_private_rows += agg.seen - agg.canary_rows
+            self.privacy.round_private_rows += agg.seen
             self.last_dp_diagnostics = agg.diagnostics()
             if self.canaries is not None:
                 self.canaries.observe(out)
@@ -277,6 +280,6 @@ class Simulation:
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, split: str = "test") -> dict[str, float]:
         x, y = (self.x_test, self.y_test) if split == "test" else (self.x_val, self.y_val)
-        if getattr(self, "_eval_model", None) is None:  # made at the first evaluation (after prepare_model)
+        if self._eval_model is None:  # made at the first evaluation (after the scheme's prepare_model)
             self._eval_model = eval_copy(self.model, self.device)
         return evaluate(self._eval_model, self.layout, self.params, x, y, self.spec.loss)

@@ -26,16 +26,6 @@ from fedrun.models.nets import build_model  # noqa: E402
 from fedrun.training import EVAL_BATCH_SIZE, eval_copy, evaluate  # noqa: E402
 
 
-def best_of(f, repeats: int) -> float:
-    f()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def interleaved(variants: dict, repeats: int) -> dict:
     """Best time of each variant over ``repeats`` rounds, each round running every variant once (after one
     warm-up round), so that the machine's drift hits every variant alike."""
