@@ -6,7 +6,12 @@ history, the byte ledger, the loop bookkeeping (metrics so far, best round, earl
 the round number and the MLflow run id. RNG states need no saving: every draw comes from a stream keyed
 by (seed, round, purpose) (:mod:`fedrun.rng`). A small sidecar ``checkpoint.json`` (config, round, run id,
 finished) lets ``resume=true`` find the run without loading tensors. Both files are written to a temp file
-and renamed, so a kill mid-write leaves the previous checkpoint intact.
+and renamed, so a kill mid-write leaves the previous checkpoint intact. Per-client state holds only the clients
+that have a row (their ids and rows: :class:`fedrun.simulation.ClientState`).
+
+When to save is :class:`CheckpointSchedule`'s: every k rounds, or (``checkpoint_every=auto``) after round 1
+and then as often as keeps the time spent saving within :data:`AUTO_SHARE` (5 %) of the run's (about one save
+per 20 save durations); the runner also saves at the last round and on Ctrl-C / SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import os
 import re
 import signal
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -25,7 +31,10 @@ from fedrun.config import ConfigError
 
 CHECKPOINT = "checkpoint.pt"
 SIDECAR = "checkpoint.json"
-FORMAT = 1
+FORMAT = 2  # 2: per-client state as ids + rows of the clients that have one
+READABLE = (1, 2)  # 1: per-client state as a dense [num_clients, dim] tensor per name (read as every client's row)
+#: checkpoint_every=auto keeps the time spent saving (the final save included) within this share of the run's
+AUTO_SHARE = 0.05
 #: config keys that may differ between the interrupted run and its resumption
 VOLATILE = ("resume", "progress", "hydra", "workers", "checkpoint_every", "chunk_size")
 
@@ -72,8 +81,9 @@ def save_checkpoint(out_dir: Path, built, c: dict, loop, run_id: str | None, fin
 def load_into(path: Path, built, loop) -> dict:
     """Restore a checkpoint into a freshly built simulation and loop state; returns the raw state."""
     state = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get("format") != FORMAT:
-        raise ConfigError(f"checkpoint {path} has format {state.get('format')}; this fedrun reads format {FORMAT}")
+    if state.get("format") not in READABLE:
+        raise ConfigError(f"checkpoint {path} has format {state.get('format')}; this fedrun reads formats "
+                          f"{', '.join(map(str, READABLE))}")
     sim = built.sim
     sim.params.copy_(state["params"].to(sim.device))
     sim.scheme.load_state_dict(state["scheme"])
@@ -90,6 +100,81 @@ def load_into(path: Path, built, loop) -> dict:
     for k, v in state["loop"].items():
         setattr(loop, k, v)
     return state
+
+
+class CheckpointSchedule:
+    """Which rounds end with a checkpoint (and a metrics flush), from ``checkpoint_every``.
+
+    * an integer k > 0: every k-th round;
+    * 0 or null: never (the runner then flushes metrics every round);
+    * ``auto``: after the first round (which measures what a save costs), then at the first round end where the
+      time spent saving so far, plus this save and a final one (each predicted from the last save's duration,
+      scaled by how much the state has grown since: ``nbytes``), is at most ``share`` (5 %) of the time since
+      the schedule started. Between saves that is about 19 save durations of rounds; a run longer than ~40 saves'
+      worth spends at most ~5 % of its time saving, whatever the state's size or the disk's speed (a slow save
+      pushes the next one further out).
+
+    The runner also saves at the last round, at early stopping and on Ctrl-C / SIGTERM, whatever this says.
+    Only the checkpoint write is timed (:meth:`timed`), not the metrics flush, whose cost is per round logged.
+    ``clock`` (seconds, monotonic) is injectable for tests.
+    """
+
+    def __init__(self, every: Any, share: float = AUTO_SHARE,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.auto = isinstance(every, str) and every.lower() == "auto"
+        self.every = 0 if self.auto else int(every or 0)
+        self.share = float(share)
+        self.clock = clock
+        self.start = clock()
+        self.last_cost: float | None = None  # seconds the last save took
+        self.last_bytes: int | None = None  # the state's size then (as the caller measures it)
+        self.saves = 0
+        self.seconds = 0.0  # spent saving, all saves together
+
+    @property
+    def enabled(self) -> bool:
+        return self.auto or self.every > 0
+
+    def predicted(self, nbytes: int | None = None) -> float:
+        """A save's duration now: the last one's, scaled by the state's growth since (when sizes are given)."""
+        if nbytes is None or not self.last_bytes:
+            return self.last_cost
+        return self.last_cost * nbytes / self.last_bytes
+
+    def due(self, rnd: int, nbytes: int | None = None) -> bool:
+        """Whether round ``rnd`` (just completed) should end with a save; ``nbytes``: the state's size now."""
+        if not self.auto:
+            return self.every > 0 and rnd % self.every == 0
+        if self.last_cost is None:
+            return True
+        cost = self.predicted(nbytes)
+        elapsed = self.clock() - self.start
+        return self.seconds + 2 * cost <= self.share * (elapsed + cost)
+
+    def timed(self, nbytes: int | None = None) -> "_Timed":
+        """``with schedule.timed(nbytes): save()`` records the save's duration (and the state's size) for
+        :meth:`due`."""
+        return _Timed(self, nbytes)
+
+
+class _Timed:
+    def __init__(self, schedule: CheckpointSchedule, nbytes: int | None) -> None:
+        self.schedule, self.nbytes = schedule, nbytes
+
+    def __enter__(self) -> None:
+        self.t0 = self.schedule.clock()
+
+    def __exit__(self, *exc) -> None:
+        s = self.schedule
+        s.last_cost = s.clock() - self.t0
+        s.last_bytes = self.nbytes
+        s.saves += 1
+        s.seconds += s.last_cost
+
+
+def state_bytes(sim) -> int:
+    """What a checkpoint's size grows with: the global model and the per-client rows (the rest is about fixed)."""
+    return sim.params.numel() * sim.params.element_size() + sim.client_state.nbytes()
 
 
 def find_checkpoint(resume: Any, c: dict, search_roots: list[Path], tracking_uri: str | None = None) -> Path:

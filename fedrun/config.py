@@ -90,8 +90,10 @@ def validate(cfg: Mapping[str, Any]) -> None:
     _int(cfg, "eval_every", 1)
     _int(cfg, "patience", 0)
     _int(cfg, "chunk_size", 1)
-    if cfg.get("checkpoint_every") is not None:
-        _int(cfg, "checkpoint_every", 0)
+    every = cfg.get("checkpoint_every")
+    if every is not None and every != "auto" and (isinstance(every, bool) or not isinstance(every, int) or every < 0):
+        raise ConfigError(f"checkpoint_every={every!r} is not allowed; use auto (save when it costs <= 5 % of the "
+                          f"run's time) or an integer >= 0 (every k rounds; 0 = never)")
     if cfg.get("local_mode") not in LOCAL_MODES:
         raise ConfigError(f"local_mode={cfg.get('local_mode')!r} is not allowed; use {' or '.join(LOCAL_MODES)}")
     if cfg.get("local_clip") is not None and not _num(cfg, "local_clip") > 0:

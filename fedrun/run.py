@@ -235,7 +235,7 @@ def build(c: dict) -> Built:
     sim = Simulation(model=model, data=data, x_test=dataset.x_test.to(device), y_test=dataset.y_test.to(device),
                      sampler=sampler, scheme=scheme, spec=spec, seed=seed, device=device,
                      chunk_size=int(c["chunk_size"]), workers=resolve_workers(c.get("workers", 1), device),
-                     vectorized=bool(c["vectorized"]),
+                     vectorized=bool(c["vectorized"]), batched_layers=bool(c.get("batched_layers", True)),
                      client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val, layout=layout,
                      audit=make_audit(c))
     names = {"dataset": dataset.name, "model": model_name, "partition": part_name,
@@ -364,12 +364,14 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | 
                stop: "StopFlag | None" = None) -> dict[str, float]:
     """Drive the rounds of a built simulation (from ``loop.round + 1`` when resuming); returns the summary.
 
-    Metrics reach the tracker and ``metrics.csv`` at every checkpoint (every ``checkpoint_every`` rounds;
-    every round when checkpoints are off), metrics first, then the checkpoint. A resumed run recomputes
-    the rounds after its checkpoint and logs only those the tracker does not have yet, so the tracker
-    ends with every round exactly once.
+    Metrics reach the tracker and ``metrics.csv`` at every checkpoint, metrics first, then the checkpoint. When
+    to save is :class:`fedrun.checkpoint.CheckpointSchedule`'s (every ``checkpoint_every`` rounds, or with ``auto``
+    as often as keeps saving within 5 % of the run's time), and always at the last round, at early stopping and on
+    Ctrl-C / SIGTERM; with checkpoints off, metrics are flushed every round. A resumed run recomputes the rounds
+    after its checkpoint and logs only those the tracker does not have yet, so the tracker ends with every round
+    exactly once.
     """
-    from fedrun.checkpoint import save_checkpoint
+    from fedrun.checkpoint import CheckpointSchedule, save_checkpoint, state_bytes
 
     sim, rounds = built.sim, int(c["rounds"])
     task = built.info["task"]
@@ -378,7 +380,7 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | 
     r = sim.scheme.compression_ratio(sim)
     fraction = sim.sampler.fraction
     loop = loop or LoopState()
-    every = int(c.get("checkpoint_every", 0) or 0)
+    schedule = CheckpointSchedule(c.get("checkpoint_every", 0))
     logged_up_to = tracker.last_step("uplink_bytes_total") if loop.round else 0
     csv_log = MetricsCSV(out_dir / "metrics.csv")
     csv_log.rows = list(loop.rows)
@@ -443,9 +445,11 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | 
                 log.info("early stopping at round %d: no improvement on the held-out split for %d evaluations",
                          rnd, loop.since_best)
             interrupted = stop is not None and stop.requested
-            if every == 0 or rnd % every == 0 or rnd == rounds or early or interrupted:
+            if not schedule.enabled:
                 flush()
-                if every > 0:
+            elif schedule.due(rnd, state_bytes(sim)) or rnd == rounds or early or interrupted:
+                flush()
+                with schedule.timed(state_bytes(sim)):
                     save_checkpoint(out_dir, built, c, loop, tracker.run_id, finished=rnd == rounds or early)
             if interrupted:
                 raise RunInterrupted(rnd, out_dir)
@@ -478,7 +482,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     Raises :class:`RunInterrupted` (after saving a checkpoint) on Ctrl-C / SIGTERM and
     :class:`RunDiverged` on NaN/inf; the tracker's run is then marked KILLED / FAILED.
     """
-    from fedrun.checkpoint import StopFlag, find_checkpoint, load_into
+    from fedrun.checkpoint import CHECKPOINT, CheckpointSchedule, StopFlag, find_checkpoint, load_into
     from fedrun.tracking import NullTracker, flatten, git_commit
 
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
@@ -509,9 +513,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     if ckpt_path is None:
         (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(c)))
         tracker.log_metrics({f"partition_{k}": float(v) for k, v in built.partition_stats.items()}, step=0)
-        if int(c.get("checkpoint_every", 0) or 0) > 0:
-            from fedrun.checkpoint import CHECKPOINT
-
+        if CheckpointSchedule(c.get("checkpoint_every", 0)).enabled:
             tracker.set_tags({"fedrun.checkpoint": str((out / CHECKPOINT).resolve()),
                               "fedrun.run_dir": str(out.resolve())})
     if built.sim.client_dp is not None:

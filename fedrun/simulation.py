@@ -100,33 +100,102 @@ class PrivacyGuard:
 
 
 class ClientState:
-    """Per-client persistent tensors (error feedback, momentum, gradient-tracking terms, …).
+    """Per-client persistent tensors (error feedback, momentum, gradient-tracking terms, …), stored sparsely.
 
-    ``get(name, ids, dim)`` returns the rows of the named state for the given clients (zeros the first
-    time); ``set`` writes them back. Storage is one dense [num_clients, dim] tensor per name, allocated
-    on first use on the simulation's device.
+    ``get(name, ids, dim)`` returns the rows of the named state for the given clients (zeros for a client
+    whose row was never set), as a new tensor the caller may change; ``set`` writes them back. Only clients
+    that have been set hold a row: per name, a [rows, dim] tensor on the simulation's device (grown by doubling,
+    so at most twice the touched clients' rows) and a client → row map. A checkpoint keeps those clients' ids
+    and rows only (:meth:`state_dict`), so its size grows with the clients that took part, not with num_clients.
     """
 
     def __init__(self, num_clients: int, device: torch.device) -> None:
         self.num_clients = int(num_clients)
-        self.device = device
-        self._store: dict[str, torch.Tensor] = {}
+        self.device = torch.device(device)
+        self._rows: dict[str, torch.Tensor] = {}  # name → [capacity, dim]; rows [0, count) are in use
+        self._slot: dict[str, np.ndarray] = {}  # name → [num_clients] row of each client, -1 = none
+        self._count: dict[str, int] = {}
+
+    def _ids(self, ids) -> np.ndarray:
+        return np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids, dtype=np.int64).reshape(-1)
+
+    def clients(self, name: str) -> np.ndarray:
+        """The ids of the clients holding a row of ``name``, in the order their rows were made."""
+        if name not in self._rows:
+            return np.zeros(0, dtype=np.int64)
+        slot = self._slot[name]
+        held = np.flatnonzero(slot >= 0)
+        return held[np.argsort(slot[held])]
+
+    def nbytes(self) -> int:
+        """Bytes of the rows in use (what a checkpoint holds, less the ids)."""
+        return sum(self._count[k] * v.shape[1] * v.element_size() for k, v in self._rows.items())
 
     def get(self, name: str, ids: np.ndarray, dim: int) -> torch.Tensor:
-        if name not in self._store:
-            self._store[name] = torch.zeros(self.num_clients, int(dim), device=self.device)
-        return self._store[name][torch.as_tensor(ids, device=self.device)]
+        ids = self._ids(ids)
+        if name not in self._rows:
+            return torch.zeros(len(ids), int(dim), device=self.device)
+        rows, slots = self._rows[name], self._slot[name][ids]
+        held = slots >= 0
+        if held.all():
+            return rows[torch.as_tensor(slots, device=self.device)]
+        out = torch.zeros(len(ids), rows.shape[1], dtype=rows.dtype, device=self.device)
+        if held.any():
+            out[torch.as_tensor(np.flatnonzero(held), device=self.device)] = \
+                rows[torch.as_tensor(slots[held], device=self.device)]
+        return out
 
     def set(self, name: str, ids: np.ndarray, values: torch.Tensor) -> None:
-        if name not in self._store:
-            self._store[name] = torch.zeros(self.num_clients, values.shape[1], device=self.device)
-        self._store[name][torch.as_tensor(ids, device=self.device)] = values
+        ids = self._ids(ids)
+        if name not in self._rows:
+            self._rows[name] = torch.zeros(0, values.shape[1], device=self.device)
+            self._slot[name] = np.full(self.num_clients, -1, dtype=np.int64)
+            self._count[name] = 0
+        slot = self._slot[name]
+        new = ids[slot[ids] < 0]
+        if len(new):
+            _, first = np.unique(new, return_index=True)
+            new = new[np.sort(first)]  # each new client once, in order of appearance
+            count = self._count[name]
+            need = count + len(new)
+            rows = self._rows[name]
+            if need > rows.shape[0]:
+                cap = min(self.num_clients, max(need, 2 * rows.shape[0], 16))
+                grown = torch.zeros(cap, rows.shape[1], dtype=rows.dtype, device=self.device)
+                grown[:count] = rows[:count]
+                self._rows[name] = grown
+            slot[new] = np.arange(count, need)
+            self._count[name] = need
+        self._rows[name][torch.as_tensor(slot[ids], device=self.device)] = values
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.cpu() for k, v in self._store.items()}
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Per name: ``ids`` [k] (int64) of the clients holding a row and their ``rows`` [k, dim] (on the CPU)."""
+        out = {}
+        for name, rows in self._rows.items():
+            count = self._count[name]
+            if count < rows.shape[0]:  # torch.save writes a view's whole storage: keep only the rows in use
+                rows = self._rows[name] = rows[:count].clone()
+            ids = torch.from_numpy(self.clients(name))
+            out[name] = {"ids": ids, "rows": rows.cpu()}
+        return out
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self._store = {k: v.to(self.device) for k, v in state.items()}
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s output; a dense [num_clients, dim] tensor per name (checkpoint format 1)
+        is read as every client holding its row."""
+        self._rows, self._slot, self._count = {}, {}, {}
+        for name, entry in state.items():
+            if isinstance(entry, torch.Tensor):
+                ids, rows = torch.arange(entry.shape[0]), entry
+            else:
+                ids, rows = entry["ids"], entry["rows"]
+            ids = ids.numpy().astype(np.int64)
+            if len(ids) and (ids.min() < 0 or ids.max() >= self.num_clients or len(np.unique(ids)) != len(ids)):
+                raise ValueError(f"client state {name!r}: ids outside [0, {self.num_clients}) or repeated")
+            slot = np.full(self.num_clients, -1, dtype=np.int64)
+            slot[ids] = np.arange(len(ids))
+            self._rows[name] = rows.to(self.device)
+            self._slot[name] = slot
+            self._count[name] = len(ids)
 
 
 class Simulation:
@@ -135,7 +204,7 @@ class Simulation:
     def __init__(self, *, model: nn.Module, data: ClientData, x_test: torch.Tensor, y_test: torch.Tensor,
                  sampler: Sampler, scheme: Scheme, spec: LocalSpec, seed: int,
                  device: torch.device | str = "cpu", chunk_size: int = 64, workers: int = 1,
-                 vectorized: bool = True,
+                 vectorized: bool = True, batched_layers: bool = True,
                  client_dp: ClientDP | None = None, local_dp=None,
                  x_val: torch.Tensor | None = None, y_val: torch.Tensor | None = None,
                  layout: FlatParams | None = None, audit: AuditSettings | None = None) -> None:
@@ -153,7 +222,7 @@ class Simulation:
         self.seed = int(seed)
         self.vectorized = bool(vectorized)
         self.trainer = Trainer(self.model, self.layout, data, spec, seed=self.seed, chunk_size=chunk_size,
-                               workers=workers)
+                               workers=workers, batched=batched_layers)
         self.ledger = Ledger()
         self.client_state = ClientState(data.num_clients, self.device)
         self.client_dp = client_dp

@@ -11,9 +11,13 @@ gradient before averaging (``clip_mode="per_sample"``, which bounds one sample's
 the local-DP sensitivity needs) — and subtract a per-client correction vector c (FedSKETCHGATE's gradient tracking,
 x ← x − η(g − c)).
 
-The vectorized path runs all selected clients together: their parameters are rows of one [K, n] tensor
-and one ``vmap``-ed ``torch.func.grad`` computes every client's gradient per step; unequal client sizes
-are handled by padding each batch to a common size with a 0/1 mask in the loss. Clients are processed
+The vectorized path runs all selected clients together. Where the model is a plain sequential stack of
+convolutions, linear layers and parameter-free per-channel layers (the papers' conv nets), it runs on
+client-batched layers (:mod:`fedrun.models.batched`: one grouped channels-last convolution or batched matmul
+per layer for all clients, per-layer parameter leaves [K, *shape] kept across the steps, and per-sample
+clipping from activations × output gradients without per-sample gradient vectors). Any other model runs a
+``vmap``-ed ``torch.func.grad`` over the rows of one [K, n] parameter tensor. Unequal client sizes are
+handled by padding each batch to a common size with a 0/1 mask in the loss. Clients are processed
 in chunks of ``chunk_size`` so memory stays bounded. The sequential path trains client after client with
 the ordinary ``nn.Module`` + autograd idiom and the same batches; it is the reference the vectorized
 path is tested against and the baseline of the speed benchmark. Both compute in the dtype of the data and
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedrun.models.batched import compile_sequential
 from fedrun.models.flat import FlatParams
 from fedrun.rng import numpy_rng
 
@@ -149,7 +154,7 @@ class Trainer:
     """Runs local training for a set of clients, vectorized (default) or sequentially."""
 
     def __init__(self, model: nn.Module, layout: FlatParams, data: ClientData, spec: LocalSpec,
-                 seed: int, chunk_size: int = 64, workers: int = 1) -> None:
+                 seed: int, chunk_size: int = 64, workers: int = 1, batched: bool = True) -> None:
         if int(chunk_size) < 1:
             raise ValueError(f"chunk_size={chunk_size} must be >= 1")
         if int(workers) < 1:
@@ -163,6 +168,9 @@ class Trainer:
         self.workers = int(workers)
         self._local = threading.local()
         self._pool: ThreadPoolExecutor | None = None
+        # client-batched layers (grouped channels-last convolutions, batched matmuls, per-sample norms from
+        # activations) where the model allows; otherwise vmap over clients
+        self.batched = compile_sequential(model, layout.names) if batched else None
 
     def _fns(self) -> tuple[Callable, Callable]:
         """This thread's vmapped (step, per-sample) gradient functions.
@@ -247,6 +255,8 @@ class Trainer:
         spec, data = self.spec, self.data
         idx, mask = batch_plan(data, chunk, spec, self.seed, rnd)
         idx, mask = idx.to(data.x.device), mask.to(data.x.device, params.dtype)
+        if self.batched is not None:
+            return self._train_chunk_batched(params, len(chunk), idx, mask, corr)
         p = params.detach().unsqueeze(0).repeat(len(chunk), 1)
         loss_sum = torch.zeros(len(chunk), device=params.device, dtype=params.dtype)
         plan_steps = idx.shape[1]
@@ -267,6 +277,58 @@ class Trainer:
                 g = g - corr
             p = p - spec.lr * g
             loss_sum += loss.detach()
+        return p, loss_sum / spec.steps
+
+    def _per_sample_losses(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """[K, B] per-sample losses of the outputs [K, B, …] (as :func:`_masked_loss` before its mask)."""
+        if self.spec.loss == "cross_entropy":
+            k, b = out.shape[0], out.shape[1]
+            return F.cross_entropy(out.reshape(k * b, -1), y.reshape(-1), reduction="none").view(k, b)
+        return (out - y) ** 2
+
+    def _train_chunk_batched(self, params: torch.Tensor, k: int, idx: torch.Tensor, mask: torch.Tensor,
+                             corr: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_train_chunk` on the client-batched layers: per-layer leaves [k, *shape] for all the steps."""
+        spec, data, names = self.spec, self.data, self.layout.names
+        engine = self.batched
+        leaves = {n: t.detach().unsqueeze(0).expand(k, *t.shape).clone()
+                  for n, t in self.layout.unflatten(params).items()}
+        corrs = self.layout.unflatten(corr) if corr is not None else None
+        loss_sum = torch.zeros(k, device=params.device, dtype=params.dtype)
+        full_batch = idx.shape[1] == 1
+        per_sample = spec.clip_norm is not None and spec.clip_mode == "per_sample"
+        for t in range(spec.steps):
+            s = 0 if full_batch else t
+            if t == 0 or not full_batch:
+                xb, yb, mb = data.x[idx[:, s]], data.y[idx[:, s]], mask[:, s]
+                count = mb.sum(1).clamp_min(1.0)
+            if per_sample:
+                grads, per = engine.per_sample_clipped_grad(
+                    leaves, xb, lambda out: self._per_sample_losses(out, yb), mb / count[:, None],
+                    float(spec.clip_norm), spec.clip_ord)
+                g = [grads[n] for n in names]
+                loss = (per * mb).sum(1) / count
+            else:
+                for v in leaves.values():
+                    v.requires_grad_(True)
+                per = self._per_sample_losses(engine.forward(leaves, xb), yb)
+                loss = (per * mb).sum(1) / count
+                g = list(torch.autograd.grad(loss.sum(), [leaves[n] for n in names]))
+                if spec.clip_norm is not None:
+                    if spec.clip_ord == 2:
+                        norm = torch.stack([x.pow(2).flatten(1).sum(1) for x in g]).sum(0).sqrt()
+                    else:
+                        norm = torch.stack([x.abs().flatten(1).sum(1) for x in g]).sum(0)
+                    factor = torch.clamp(spec.clip_norm / norm.clamp_min(1e-12), max=1.0)
+                    g = [x * factor.view(-1, *[1] * (x.dim() - 1)) for x in g]
+            with torch.no_grad():
+                for n, gn in zip(names, g):
+                    v = leaves[n].detach()
+                    if corrs is not None:
+                        gn = gn - corrs[n]
+                    leaves[n] = v - spec.lr * gn
+            loss_sum += loss.detach()
+        p = torch.cat([leaves[n].detach().reshape(k, -1) for n in names], 1)
         return p, loss_sum / spec.steps
 
     # -- sequential reference ---------------------------------------------------------------------

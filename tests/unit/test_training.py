@@ -48,12 +48,14 @@ def _assert_paths_agree(vec, seq, p0, steps: int, fan: int, msg: str = "") -> No
     LocalSpec("sgd", steps=3, batch_size=16, lr=0.05, clip_norm=0.5),
     LocalSpec("gd", steps=2, batch_size=1, lr=0.05, clip_norm=1.0),
 ])
-def test_vectorized_equals_sequential(spec):
+@pytest.mark.parametrize("batched", [True, False], ids=["batched_layers", "vmap"])
+def test_vectorized_equals_sequential(spec, batched):
     torch.manual_seed(0)
     model = build_model("lenet5").to(F64)
     lay = FlatParams(model)
     data = _data(n=120, clients=6, dtype=F64)
-    tr = Trainer(model, lay, data, spec, seed=11, chunk_size=4)
+    tr = Trainer(model, lay, data, spec, seed=11, chunk_size=4, batched=batched)
+    assert (tr.batched is not None) == batched  # LeNet-5 qualifies for the client-batched layers
     p0 = lay.flatten(model)
     ids = np.arange(data.num_clients)
     chunks = list(tr.train(p0, ids, rnd=3))
@@ -126,13 +128,15 @@ def test_spec_validation():
 
 
 @pytest.mark.parametrize("mode", ["sgd", "gd"])
-def test_per_sample_clipping_vectorized_equals_sequential(mode):
+@pytest.mark.parametrize("batched", [True, False], ids=["batched_layers", "vmap"])
+def test_per_sample_clipping_vectorized_equals_sequential(mode, batched):
     torch.manual_seed(0)
     model = build_model("lenet5").to(F64)
     lay = FlatParams(model)
     data = _data(n=60, clients=5, dtype=F64)
     spec = LocalSpec(mode, steps=2, batch_size=8, lr=0.1, clip_norm=0.3, clip_mode="per_sample")
-    tr = Trainer(model, lay, data, spec, seed=2, chunk_size=3)
+    tr = Trainer(model, lay, data, spec, seed=2, chunk_size=3, batched=batched)
+    assert (tr.batched is not None) == batched
     p0 = lay.flatten(model)
     ids = np.arange(5)
     vec = torch.cat([c[1] for c in tr.train(p0, ids, 1)])
