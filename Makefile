@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 0
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: install run test test-slow bench ui tables clean
+.PHONY: install run test test-slow bench gpu-check ui tables clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,11 @@ test-slow: install
 bench: install
 	$(BIN)/python scripts/bench_training.py speed --out results/bench/speed.md
 	$(BIN)/python scripts/bench_training.py memory --out results/bench/memory.md
+
+# on a CUDA machine (≤ 8 min): CUDA-only tests, speed at 100 and 1,000 clients per round, memory, the default
+# experiment on the GPU → results/bench/gpu.md; without CUDA it stops with a one-line error and writes nothing
+gpu-check: install
+	$(BIN)/python scripts/gpu_check.py --out results/bench/gpu.md
 
 # prints the URL of each experiment's runs table (MLflow 3 otherwise opens its GenAI overview), then serves
 ui: install
