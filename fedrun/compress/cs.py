@@ -141,12 +141,13 @@ class DCTCompressor:
 
     def _to_chunks(self, x: torch.Tensor) -> torch.Tensor:
         if self._src is not None:
-            x = torch.nn.functional.pad(x, (0, 1))[..., self._src]  # index n reads the appended zero
+            # index n reads the appended zero; index_select is ~2× faster than x[..., idx] on [K, n] here
+            x = torch.index_select(torch.nn.functional.pad(x, (0, 1)), -1, self._src)
         return x.unflatten(-1, (self.chunks, self.chunk_len))
 
     def _from_chunks(self, z: torch.Tensor) -> torch.Tensor:
         flat = z.flatten(-2)
-        return flat if self._dst is None else flat[..., self._dst]
+        return flat if self._dst is None else torch.index_select(flat, -1, self._dst)
 
     def lambda_max(self, y: torch.Tensor) -> float:
         """``‖Φᵀy‖_∞``: the λ above which the BPDN solution is 0 (``lam_rel`` is relative to it)."""
