@@ -44,6 +44,19 @@ def comparable(c: dict) -> dict:
     return {k: v for k, v in c.items() if k not in VOLATILE}
 
 
+#: keys outside the hash that names a run's configuration (where it is logged, how it is driven)
+UNHASHED = (*VOLATILE, "tracking", "skip_finished")
+
+
+def config_hash(c: dict) -> str:
+    """A short hash of the resolved config's result-relevant keys (tag ``fedrun.config_hash``): two runs with
+    the same hash ran the same experiment, so a sweep with ``skip_finished=true`` need not run it twice."""
+    import hashlib
+
+    keep = {k: v for k, v in c.items() if k not in UNHASHED}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def _atomic_write(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:

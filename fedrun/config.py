@@ -75,13 +75,17 @@ def resolve_rounds(cfg: dict[str, Any]) -> None:
                           f"rounds=null (derived: T / E) or total_iterations=null (fixed rounds)")
 
 
+def _check_r(cfg: Mapping[str, Any]) -> None:
+    r = _num(cfg, "r")
+    if not 0 < r <= 1:
+        raise ConfigError(f"r={cfg['r']} is outside (0, 1]: r is the compression ratio m/n")
+
+
 def validate(cfg: Mapping[str, Any]) -> None:
     """Raise :class:`ConfigError` for the first bad value found."""
     _int(cfg, "rounds", 1)
     _int(cfg, "seed", 0)
-    r = _num(cfg, "r")
-    if not 0 < r <= 1:
-        raise ConfigError(f"r={cfg['r']} is outside (0, 1]: r is the compression ratio m/n")
+    _check_r(cfg)
     lr = _num(cfg, "lr")
     if not lr > 0 or math.isinf(lr):
         raise ConfigError(f"lr={cfg['lr']} must be > 0")
@@ -218,6 +222,10 @@ def resolve_defaults(c: dict[str, Any], scheme_cls: type, model_table: Mapping[s
     """
     check_pair(c, scheme_cls)
     notes: list[str] = []
+    resolve_server_opts(c, scheme_cls)
+    if not getattr(scheme_cls, "compresses", False) and "r" in c:
+        _check_r(c)  # a bad r is refused even where the scheme ignores r
+        c["r"] = 1.0  # r only means something to a compressing scheme; one value keeps sweeps from repeating runs
     scheme, model = _scheme_name(c), _model_name(c)
     model_table = model_table if model_table is not None else c.get("model", {})
     modes = tuple(getattr(scheme_cls, "dp_modes", ("off", "client", "local")))
@@ -266,6 +274,39 @@ def resolve_defaults(c: dict[str, Any], scheme_cls: type, model_table: Mapping[s
     if c.get("local_clip_ord") is None:
         c["local_clip_ord"] = 1 if mode == "local_laplace" else 2
     return notes
+
+
+SERVER_OPTS = ("paper", "on", "off")
+
+
+def resolve_server_opts(c: dict[str, Any], scheme_cls: type) -> None:
+    """``server_opts``: the server-side options of a comparison, set alike for every scheme (in place).
+
+    ``paper`` leaves each scheme as its config has it (FL-CS with the paper's momentum ρ and error feedback in
+    R^m, the others without). ``on``: FL-CS gets ρ = ``server_momentum`` and error feedback, every other
+    FedAvg-shaped scheme server momentum ρ on its decoded update (FedAvgM); ``off``: none for any scheme. A
+    scheme that has no such option (its own protocol) is refused for ``on`` in one line. Idempotent.
+    """
+    import inspect
+
+    mode = c.get("server_opts", "paper")
+    if mode not in SERVER_OPTS:
+        raise ConfigError(f"server_opts={mode!r} is not allowed; use {', '.join(SERVER_OPTS)}")
+    if mode == "paper":
+        return
+    rho = c.get("server_momentum", 0.9)
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not 0.0 < rho < 1.0:
+        raise ConfigError(f"server_momentum={rho!r} is not allowed; use 0 < server_momentum < 1")
+    scheme = c.setdefault("scheme", {})
+    accepts = inspect.signature(scheme_cls.__init__).parameters
+    if "error_feedback" in accepts and "momentum" in accepts:  # FL-CS: momentum and error in R^m (Alg. 3)
+        scheme["momentum"] = float(rho) if mode == "on" else 0.0
+        scheme["error_feedback"] = mode == "on"
+    elif "server_momentum" in accepts:
+        scheme["server_momentum"] = float(rho) if mode == "on" else 0.0
+    elif mode == "on":
+        raise ConfigError(f"server_opts=on is not available with scheme={_scheme_name(c)}: it has no server "
+                          f"momentum option (use server_opts=paper or off)")
 
 
 def _modes_text(modes: tuple[str, ...]) -> str:

@@ -482,14 +482,20 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     Raises :class:`RunInterrupted` (after saving a checkpoint) on Ctrl-C / SIGTERM and
     :class:`RunDiverged` on NaN/inf; the tracker's run is then marked KILLED / FAILED.
     """
-    from fedrun.checkpoint import CHECKPOINT, CheckpointSchedule, StopFlag, find_checkpoint, load_into
-    from fedrun.tracking import NullTracker, flatten, git_commit
+    from fedrun.checkpoint import CHECKPOINT, CheckpointSchedule, StopFlag, config_hash, find_checkpoint, load_into
+    from fedrun.tracking import NullTracker, flatten, git_state
 
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     out = Path(out_dir) if out_dir is not None else Path.cwd()
     tracker = tracker or NullTracker()
     tracker.check()  # an unreachable tracking server fails here, before any data loading or training
     prepare(c)  # resolved before looking for a checkpoint: checkpoints store the resolved config
+    chash = config_hash(c)
+    if c.get("skip_finished") and c.get("resume") in (None, False, "false", "False"):
+        done = tracker.find_finished(chash)
+        if done is not None:  # a resumable sweep: this job's experiment already ran to the end
+            log.info("skip_finished: run %s already finished this configuration (fedrun.config_hash=%s)", done, chash)
+            return {"skipped": 1.0}
     ckpt_path = None
     if c.get("resume") not in (None, False, "false", "False"):
         roots = [Path.cwd() / "outputs", Path.cwd() / "multirun", out.parent.parent]
@@ -503,9 +509,12 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
         run_id = load_into(ckpt_path, built, loop)["run_id"]
         log.info("resuming %s after round %d", out, loop.round)
     names = built.names
+    sha, dirty, diff = git_state()
     tags = {"scheme": names["scheme"], "dataset": names["dataset"], "model": names["model"],
-            "partition": names["partition"], "dp": names["dp"], "git_commit": git_commit(),
-            "fedrun.num_parameters": str(built.sim.n)}
+            "partition": names["partition"], "dp": names["dp"], "git_commit": sha + ("+dirty" if dirty else ""),
+            "git_dirty": str(dirty).lower(), "fedrun.config_hash": chash, "fedrun.num_parameters": str(built.sim.n)}
+    if dirty:  # the uncommitted changes the run ran with, logged as an artifact
+        (out / "git_diff.patch").write_text(diff)
     tags.update(built.sim.scheme.tags(built.sim))
     params = flatten({k: v for k, v in c.items() if k not in ("hydra", "resume")})
     run_name = c.get("tracking", {}).get("run_name") or f"{names['scheme']}-{names['dataset']}"
@@ -552,7 +561,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
         tracker.set_tags({"fedrun.failure_reason": str(exc)})
         raise
     finally:
-        for name in ("config.yaml", "metrics.csv", "test_accuracy.png", "test_mse.png"):
+        for name in ("config.yaml", "metrics.csv", "test_accuracy.png", "test_mse.png", "git_diff.patch"):
             if (out / name).exists():
                 try:
                     tracker.log_artifact(out / name)

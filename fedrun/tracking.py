@@ -243,17 +243,39 @@ def resolve_uri(uri: str | None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
-def git_commit(path: Path | None = None) -> str:
-    """The checkout's commit (with ``+dirty`` when the tree has changes), or ``unknown``."""
+def git_state(path: Path | None = None, max_file_bytes: int = 1 << 20) -> tuple[str, bool, str]:
+    """(commit, dirty, diff) of the checkout fedrun runs from: ``dirty`` counts changes to tracked files and
+    untracked files that git does not ignore; ``diff`` is ``git diff HEAD`` plus each such untracked text file as
+    a new-file diff (files over ``max_file_bytes`` are named, not included), so an exported run can be traced to
+    the exact code. ("unknown", False, "") outside a git checkout."""
     here = path or Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=20).stdout
+
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
+        sha = git("rev-parse", "HEAD").strip()
+        if not sha:
+            return "unknown", False, ""
+        diff = git("diff", "HEAD", "--no-color")
+        untracked = [f for f in git("ls-files", "--others", "--exclude-standard", "--full-name").splitlines() if f]
+        root = Path(git("rev-parse", "--show-toplevel").strip())
+        for name in untracked:
+            f = root / name
+            if f.is_file() and f.stat().st_size <= max_file_bytes:
+                diff += subprocess.run(["git", "diff", "--no-index", "--no-color", "/dev/null", name], cwd=root,
+                                       capture_output=True, text=True, timeout=20).stdout
+            else:
+                diff += f"# untracked file not included (over {max_file_bytes} bytes or not a file): {name}\n"
+    except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
+        return "unknown", False, ""
+    return sha, bool(diff), diff
+
+
+def git_commit(path: Path | None = None) -> str:
+    """The checkout's commit (with ``+dirty`` when tracked files changed or untracked files exist), or ``unknown``."""
+    sha, dirty, _ = git_state(path)
+    return sha + ("+dirty" if dirty else "") if sha != "unknown" else sha
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, str]:
@@ -287,6 +309,9 @@ class NullTracker:
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         pass
+
+    def find_finished(self, config_hash: str) -> str | None:
+        return None
 
     def log_artifact(self, path: Path) -> None:
         pass
@@ -423,6 +448,16 @@ class MlflowTracker:
         """Highest step logged for ``metric`` (0 if none): where a resumed run's logging continues."""
         history = self.client.get_metric_history(self.run_id, metric_name(metric))
         return max((m.step for m in history), default=0)
+
+    def find_finished(self, config_hash: str) -> str | None:
+        """The id of a FINISHED run of this experiment with tag ``fedrun.config_hash`` = ``config_hash``, if any."""
+        exp = self.client.get_experiment_by_name(self.experiment)
+        if exp is None:
+            return None
+        runs = self.client.search_runs([exp.experiment_id],
+                                       filter_string=f"tags.`fedrun.config_hash` = '{config_hash}' "
+                                                     f"and attributes.status = 'FINISHED'", max_results=1)
+        return runs[0].info.run_id if runs else None
 
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag

@@ -44,10 +44,17 @@ class Scheme:
     #: True for schemes that transfer from a model pre-trained on an image source dataset (paper 003)
     needs_image_source: bool = False
 
-    def __init__(self, server_lr: float = 1.0) -> None:
+    def __init__(self, server_lr: float = 1.0, server_momentum: float = 0.0) -> None:
         if not server_lr > 0:
             raise ValueError(f"server_lr={server_lr} must be > 0")
+        if isinstance(server_momentum, bool) or not isinstance(server_momentum, (int, float)) \
+                or not 0.0 <= server_momentum < 1.0:
+            raise ValueError(f"scheme.server_momentum={server_momentum!r}; allowed: 0 <= server_momentum < 1")
         self.server_lr = float(server_lr)
+        #: ρ of server momentum on the decoded update (FedAvgM, Hsu et al. 2019): v_t = ρ·v_{t−1} + Δ_t,
+        #: w_t = w_{t−1} + η_g·v_t; 0 = none. Applied by :meth:`apply`, so every FedAvg-shaped scheme has it.
+        self.server_momentum = float(server_momentum)
+        self.velocity: torch.Tensor | None = None
 
     # -- set-up and state -------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module, context: dict) -> set[str] | None:
@@ -71,11 +78,12 @@ class Scheme:
         return {}
 
     def state_dict(self) -> dict:
-        """Server-side state (momentum, error, …) for checkpoints."""
-        return {}
+        """Server-side state (momentum, error, …) for checkpoints; subclasses add theirs to this dict."""
+        return {"server_velocity": self.velocity.cpu()} if self.velocity is not None else {}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        v = state.get("server_velocity")
+        self.velocity = v.clone() if v is not None else None
 
     # -- hooks of the default round ---------------------------------------------------------------
     def downlink_message(self, sim: "Simulation", rnd: int) -> Message:
@@ -108,6 +116,12 @@ class Scheme:
         return aggregate
 
     def apply(self, sim: "Simulation", rnd: int, update: torch.Tensor) -> None:
+        if self.server_momentum > 0:
+            if self.velocity is None:
+                self.velocity = torch.zeros_like(update)
+            elif self.velocity.device != update.device:
+                self.velocity = self.velocity.to(update.device)
+            update = self.velocity.mul_(self.server_momentum).add_(update)
         sim.params.add_(update, alpha=self.server_lr)
 
     def after_round(self, sim: "Simulation", rnd: int, clients: np.ndarray, update: torch.Tensor) -> None:

@@ -62,8 +62,8 @@ class DCTScheme(Scheme):
     dp_modes = ("off", "client")
 
     def __init__(self, r: float = 1.0, chunks: int = 1, shuffle: bool | None = None,
-                 pad_to_fast_len: bool | None = None, server_lr: float = 1.0) -> None:
-        super().__init__(server_lr=server_lr)
+                 pad_to_fast_len: bool | None = None, server_lr: float = 1.0, server_momentum: float = 0.0) -> None:
+        super().__init__(server_lr=server_lr, server_momentum=server_momentum)
         self.r = check_ratio(r)
         if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
             raise ValueError(f"scheme.chunks={chunks!r}; allowed: an integer P >= 1 (and P <= m)")
@@ -111,8 +111,10 @@ class FreqScheme(DCTScheme):
         server_lr: η_g.
     """
 
-    def __init__(self, r: float = 1.0, pad_to_fast_len: bool = False, server_lr: float = 1.0) -> None:
-        super().__init__(r=r, chunks=1, shuffle=False, pad_to_fast_len=bool(pad_to_fast_len), server_lr=server_lr)
+    def __init__(self, r: float = 1.0, pad_to_fast_len: bool = False, server_lr: float = 1.0,
+                 server_momentum: float = 0.0) -> None:
+        super().__init__(r=r, chunks=1, shuffle=False, pad_to_fast_len=bool(pad_to_fast_len), server_lr=server_lr,
+                         server_momentum=server_momentum)
 
     def decode(self, sim: "Simulation", rnd: int, aggregate: torch.Tensor) -> torch.Tensor:
         return self.comp.zero_fill(aggregate)
@@ -180,9 +182,10 @@ class CompressiveSensingScheme(DCTScheme):
 
     # -- server state (checkpointed) ----------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"u": self.u.cpu(), "e": self.e.cpu(), "noise_gain": self.noise_gain}
+        return {**super().state_dict(), "u": self.u.cpu(), "e": self.e.cpu(), "noise_gain": self.noise_gain}
 
     def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
         self.u = state["u"].to(self.u.device if self.u is not None else "cpu")
         self.e = state["e"].to(self.u.device)
         self.noise_gain = float(state["noise_gain"])

@@ -44,8 +44,8 @@ class RandomCoordinatesScheme(Scheme):
     #: no local DP: paper 001's noise is calibrated to the model update (length n), not to m coordinates
     dp_modes = ("off", "client")
 
-    def __init__(self, r: float = 1.0, server_lr: float = 1.0) -> None:
-        super().__init__(server_lr=server_lr)
+    def __init__(self, r: float = 1.0, server_lr: float = 1.0, server_momentum: float = 0.0) -> None:
+        super().__init__(server_lr=server_lr, server_momentum=server_momentum)
         self.r = check_ratio(r)
         self.coords: RandomCoordinates | None = None
 

@@ -32,8 +32,9 @@ class TopK(Scheme):
     compresses = True
     dp_modes = ("off", "client")
 
-    def __init__(self, k: int | None = None, fraction: float = 0.01, server_lr: float = 1.0) -> None:
-        super().__init__(server_lr=server_lr)
+    def __init__(self, k: int | None = None, fraction: float = 0.01, server_lr: float = 1.0,
+                 server_momentum: float = 0.0) -> None:
+        super().__init__(server_lr=server_lr, server_momentum=server_momentum)
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"scheme.k={k!r}; allowed: an integer >= 1, or null (k = ceil(fraction·n))")
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:

@@ -1,0 +1,88 @@
+"""Server-side options set alike for every compared scheme (issue 15): server momentum on the decoded update
+(FedAvgM) for FedAvg-shaped schemes, FL-CS's momentum + error feedback in R^m, and ``server_opts`` mapping them."""
+
+import pytest
+import torch
+
+from fedrun.config import ConfigError, resolve_server_opts
+from fedrun.schemes.dct import CompressiveSensingScheme, FreqScheme
+from fedrun.schemes.fedavg import FedAvg
+from fedrun.schemes.random import RandomCoordinatesScheme
+from fedrun.schemes.sketch import FedSketch
+
+
+class _Sim:
+    def __init__(self, n: int) -> None:
+        self.params = torch.zeros(n, dtype=torch.float64)
+
+
+def test_server_momentum_is_fedavgm_on_the_decoded_update() -> None:
+    rho, lr = 0.5, 2.0
+    scheme = FedAvg(server_lr=lr, server_momentum=rho)
+    sim = _Sim(3)
+    u1, u2, u3 = (torch.tensor(v, dtype=torch.float64) for v in ([1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]))
+    for rnd, u in enumerate((u1, u2, u3), 1):
+        scheme.apply(sim, rnd, u.clone())
+    v1 = u1
+    v2 = rho * v1 + u2
+    v3 = rho * v2 + u3
+    assert torch.allclose(sim.params, lr * (v1 + v2 + v3), rtol=0, atol=1e-15)
+    plain = FedAvg(server_lr=lr)
+    sim2 = _Sim(3)
+    for rnd, u in enumerate((u1, u2, u3), 1):
+        plain.apply(sim2, rnd, u.clone())
+    assert torch.allclose(sim2.params, lr * (u1 + u2 + u3), rtol=0, atol=1e-15)
+
+
+def test_server_velocity_is_checkpointed() -> None:
+    a = FedAvg(server_momentum=0.9)
+    sim = _Sim(4)
+    a.apply(sim, 1, torch.ones(4, dtype=torch.float64))
+    b = FedAvg(server_momentum=0.9)
+    b.load_state_dict(a.state_dict())
+    sim_a, sim_b = _Sim(4), _Sim(4)
+    a.apply(sim_a, 2, torch.ones(4, dtype=torch.float64))
+    b.apply(sim_b, 2, torch.ones(4, dtype=torch.float64))
+    assert torch.equal(sim_a.params, sim_b.params) and torch.allclose(sim_a.params, torch.full((4,), 1.9,
+                                                                                              dtype=torch.float64))
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, True, "0.9"])
+def test_bad_server_momentum_is_refused(bad) -> None:
+    with pytest.raises(ValueError, match="server_momentum"):
+        FedAvg(server_momentum=bad)
+
+
+def _cfg(name: str, mode: str) -> dict:
+    return {"server_opts": mode, "server_momentum": 0.9, "scheme": {"name": name}}
+
+
+@pytest.mark.parametrize("cls", [FedAvg, RandomCoordinatesScheme, FreqScheme])
+def test_server_opts_maps_to_server_momentum(cls) -> None:
+    on, off, paper = _cfg("x", "on"), _cfg("x", "off"), _cfg("x", "paper")
+    resolve_server_opts(on, cls)
+    resolve_server_opts(off, cls)
+    resolve_server_opts(paper, cls)
+    assert on["scheme"]["server_momentum"] == 0.9 and off["scheme"]["server_momentum"] == 0.0
+    assert "server_momentum" not in paper["scheme"]
+    again = dict(on, scheme=dict(on["scheme"]))
+    resolve_server_opts(again, cls)
+    assert again == on  # idempotent
+    cls(**{k: v for k, v in on["scheme"].items() if k != "name"})  # the scheme takes what was set
+
+
+def test_server_opts_maps_fl_cs_to_its_momentum_and_error_feedback() -> None:
+    on, off = _cfg("fl_cs", "on"), _cfg("fl_cs", "off")
+    resolve_server_opts(on, CompressiveSensingScheme)
+    resolve_server_opts(off, CompressiveSensingScheme)
+    assert on["scheme"] == {"name": "fl_cs", "momentum": 0.9, "error_feedback": True}
+    assert off["scheme"] == {"name": "fl_cs", "momentum": 0.0, "error_feedback": False}
+
+
+def test_server_opts_on_is_refused_for_a_scheme_without_the_option() -> None:
+    with pytest.raises(ConfigError, match="server_opts=on is not available with scheme=fedsketch"):
+        resolve_server_opts(_cfg("fedsketch", "on"), FedSketch)
+    off = _cfg("fedsketch", "off")
+    resolve_server_opts(off, FedSketch)  # nothing to turn off
+    with pytest.raises(ConfigError, match="server_opts='sometimes' is not allowed"):
+        resolve_server_opts(_cfg("fl_std", "sometimes"), FedAvg)
