@@ -1,5 +1,11 @@
 """Tables are code: records (one dict per run) → a markdown table, plus reading records from MLflow.
 
+``python -m fedrun.report <table>`` (:func:`main`) builds a results file from its declarative spec
+``conf/report/<table>.yaml`` and the run exports committed in ``results/`` (:mod:`fedrun.export`), with no
+MLflow: :func:`report_files` gives the markdown and figures' bytes (the same for the same export),
+``--check`` compares them with the committed files, ``--export`` refreshes the exports from MLflow first.
+The spec format and the pure parts: :mod:`fedrun.reports`.
+
 The pure part (:func:`markdown_table`, :func:`fmt`) knows nothing about MLflow; :func:`mlflow_records`
 turns finished MLflow runs into flat records (``params.*``, ``metrics.*``, ``tags.*``) for it. Metrics keep
 fedrun's own names there (``metrics.dp_clipped_fraction``, ``metrics.best_test_accuracy``: the summary's
@@ -88,3 +94,126 @@ def mlflow_records(tracking_uri: str, experiment: str, filter_string: str = "",
         rec.update({f"tags.{k}": v for k, v in run.data.tags.items()})
         records.append(rec)
     return records
+
+
+# ------------------------------------------------------------------------ python -m fedrun.report <table>
+REPORT_DIR = Path("conf") / "report"
+
+
+def default_root() -> Path:
+    """Where ``conf/report/`` and ``results/`` are: the current directory if it has them, else this checkout."""
+    here = Path.cwd()
+    return here if (here / REPORT_DIR).is_dir() else Path(__file__).resolve().parents[1]
+
+
+def spec_path(table: str, root: str | Path | None = None) -> Path:
+    """``kerkouche21_table3`` → ``<root>/conf/report/kerkouche21_table3.yaml`` (a path to a .yaml passes)."""
+    if table.endswith((".yaml", ".yml")):
+        return Path(table)
+    return Path(root or default_root()) / REPORT_DIR / f"{table}.yaml"
+
+
+def report_files(table: str, root: str | Path | None = None) -> dict[Path, bytes]:
+    """Every file of a report (its markdown and figures, paths relative to ``root``) built from the
+    committed exports alone (no MLflow)."""
+    from fedrun.export import RUNS_SUFFIX, load
+    from fedrun.reports.build import collect, curves, render
+    from fedrun.reports.figure import draw
+    from fedrun.reports.spec import SpecError, load_spec
+
+    root = Path(root or default_root())
+    spec = load_spec(spec_path(table, root))
+    records = load([root / e.path for e in spec.exports])
+    output = Path(spec.output)
+    files: dict[Path, bytes] = {}
+    placed = collect(spec, records)
+    for fig in spec.figures:
+        panels, ncols = curves(spec, fig, placed)
+        files[output.parent / fig.file] = draw(panels, fig.file, fig.title, fig.xlabel, fig.ylabel, ncols)
+    notes = ""
+    if spec.notes:
+        path = root / spec.notes
+        if not path.exists():
+            raise SpecError(f"{spec_path(table, root)}: notes: {spec.notes} not found")
+        notes = path.read_text()
+    text = render(spec, records, [e.path + RUNS_SUFFIX for e in spec.exports], [f.file for f in spec.figures], notes)
+    files[output] = text.encode("utf-8")
+    return files
+
+
+def refresh_exports(table: str, root: str | Path | None = None, uri: str | None = None) -> list[str]:
+    """Export the spec's MLflow experiments again (``--export``); returns one line per export."""
+    from fedrun.export import export
+    from fedrun.reports.spec import SpecError, load_spec
+    from fedrun.tracking import resolve_uri
+
+    root = Path(root or default_root())
+    spec = load_spec(spec_path(table, root))
+    uri = resolve_uri(uri)
+    lines = []
+    for e in spec.exports:
+        if not e.experiment:
+            raise SpecError(f"{spec_path(table, root)}: exports: {e.path} has no 'experiment' to export from")
+        out = root / e.path
+        runs_file, metrics_file, n = export(uri, [e.experiment], out.parent, out.name, metrics=e.metrics,
+                                            every=e.every)
+        sizes = [f"{f.relative_to(root)} ({f.stat().st_size / 1e3:.1f} kB)" for f in (runs_file, metrics_file)]
+        lines.append(f"{n} runs of {e.experiment} → {', '.join(sizes)}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fedrun.report <table> [--export] [--check] [--out DIR]``."""
+    import argparse
+    import sys
+
+    from fedrun.export import ExportError
+    from fedrun.reports.spec import SpecError
+
+    ap = argparse.ArgumentParser(prog="python -m fedrun.report",
+                                 description="Build a results table (markdown + figures) from its spec "
+                                             "conf/report/<table>.yaml and the committed run exports.")
+    ap.add_argument("table", nargs="?", help="the spec's name (conf/report/<table>.yaml) or a .yaml path; "
+                                              "none: list the specs")
+    ap.add_argument("--root", default=None,
+                    help="the repository (default: . if it has conf/report, else this checkout)")
+    ap.add_argument("--out", default=None, help="write the files into this folder instead of their places in results/")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a committed file differs")
+    ap.add_argument("--export", action="store_true",
+                    help="first export the spec's MLflow experiments again, into the spec's export paths under "
+                         "results/ (also with --out)")
+    ap.add_argument("--uri", default=None, help="with --export: tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                                                "sqlite:///mlflow.db)")
+    args = ap.parse_args(argv)
+    root = Path(args.root) if args.root else default_root()
+    if not args.table:
+        for p in sorted((root / REPORT_DIR).glob("*.yaml")):
+            print(p.stem)
+        return 0
+    try:
+        if args.export:
+            for line in refresh_exports(args.table, root, args.uri):
+                print(f"fedrun report: exported {line}")
+        files = report_files(args.table, root)
+    except (SpecError, ExportError) as exc:
+        print(f"fedrun report: error: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        stale = [str(p) for p, data in files.items() if not (root / p).exists() or (root / p).read_bytes() != data]
+        for p in stale:
+            print(f"fedrun report: {p} differs from what the export gives", file=sys.stderr)
+        if not stale:
+            print(f"fedrun report: {', '.join(map(str, files))} up to date")
+        return 1 if stale else 0
+    for p, data in files.items():
+        dest = Path(args.out) / p.name if args.out else root / p
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        print(f"fedrun report: wrote {dest} ({len(data) / 1e3:.1f} kB)")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
