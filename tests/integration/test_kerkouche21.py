@@ -1,4 +1,4 @@
-"""Paper 000's schemes end to end through run(cfg) (configs composed as the CLI does), and its table script.
+"""Paper 000's schemes end to end through run(cfg) (configs composed as the CLI does), and its Table III sweep.
 
 ``fedrun scheme=fl_cs r=0.05 dp=true`` on Fashion-MNIST / fashion_cnn, tiny: 10 clients, 2 rounds. The
 CI-sized sweep of the whole table is tests/repro/test_kerkouche21_repro.py (slow).
@@ -48,52 +48,48 @@ def test_bad_values_are_one_line_config_errors(fast_cfg, overrides, message):
         build(OmegaConf.to_container(fast_cfg(*overrides), resolve=True))
 
 
-def test_table3_experiment_resolves_every_run_of_the_sweep(load_script):
-    """Every (scheme, r, dp) of the sweep composes with its S and validates (no data needed)."""
+def _sweep_jobs(experiment: str, **fixed: str) -> list[list[str]]:
+    """The jobs of an experiment's Hydra sweep (``hydra.sweeper.params``, the basic sweeper's cartesian product),
+    with some keys pinned to one value."""
+    import itertools
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "experiment" / f"{experiment}.yaml")
+    params = {k: str(v).split(",") for k, v in OmegaConf.select(conf, "hydra.sweeper.params").items()}
+    params.update({k: [v] for k, v in fixed.items()})
+    return [[f"experiment={experiment}", *(f"{k}={v}" for k, v in zip(params, combo))]
+            for combo in itertools.product(*params.values())]
+
+
+def test_table3_sweep_covers_every_cell_with_its_clipping_norm():
+    """Every job of `fedrun -m experiment=kerkouche21_table3` composes and validates (no data needed): 4 schemes ×
+    3 r × DP on/off × server options on/off; FL-STD runs once (r = 1 for every r of the sweep), S from the model's
+    table, and each cell has a distinct config hash (seed 0 here; the seeds only multiply it by 3)."""
     from conftest import compose
     from omegaconf import OmegaConf
 
+    from fedrun.checkpoint import config_hash
+    from fedrun.config import tuned_clipping_norm
     from fedrun.run import prepare
 
-    script = load_script("kerkouche21_table3")
-    clip = script.clipping_norms("kerkouche21_table3")
-    assert len(script.runs()) == 20
-    for scheme, r, dp in script.runs():
-        ov = script.overrides("kerkouche21_table3", scheme, r, dp, clip, [])
-        c = OmegaConf.to_container(compose([o for o in ov if not o.startswith("hydra.")]), resolve=True)
+    jobs = _sweep_jobs("kerkouche21_table3", seed="0")
+    assert len(jobs) == 3 * 2 * 2 * 4
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parents[2] / "conf" / "model" / "fashion_cnn.yaml"
+    table = OmegaConf.to_container(OmegaConf.load(model))["clipping_norm"]
+    hashes = {}
+    for ov in jobs:
+        c = OmegaConf.to_container(compose(ov), resolve=True)
         prepare(c)
-        assert c["scheme"]["name"] == scheme and c["rounds"] == 200 and c["dataset"]["name"] == "fashion_mnist"
-        assert c["clipping_norm"] == clip[(scheme, r)] and c["epsilon"] <= 1.0
-        if scheme != "fl_std":
-            assert c["scheme"]["r"] == r
-
-
-def test_table_and_claims_from_records(load_script):
-    script = load_script("kerkouche21_table3")
-
-    def rec(scheme, r, dp, acc, rnd=100.0, start=0):
-        m = math.ceil(r * N)
-        return {"status": "FINISHED", "start_time": start, "run_id": f"{scheme}{r}{dp}{start}",
-                "tags.scheme": scheme, "tags.dp": "client" if dp else "off", "params.r": str(r),
-                "params.num_clients": "6000", "params.clipping_norm": "0.1", "tags.fedrun.num_parameters": str(N),
-                "metrics.best_test_accuracy": acc, "metrics.best_round": rnd,
-                "metrics.cost_bits_at_best": r * N * 32 * rnd * 0.01, "metrics.uplink_bytes_at_best": 60 * 4 * m * rnd,
-                "metrics.uplink_bytes_final": 60 * 4 * m * 200, "metrics.rounds_completed": 200.0,
-                "metrics.epsilon_at_best": 0.9 if dp else None, "metrics.epsilon_final": 1.0 if dp else None,
-                "metrics.dp_noise_multiplier": 1.1 if dp else None}
-
-    records = [rec("fl_std", 1.0, False, 0.85), rec("fl_std", 1.0, True, 0.55),
-               rec("fl_std", 1.0, True, 0.50, start=-1)]  # an older FL-STD-DP run: ignored
-    for i, r in enumerate((0.05, 0.1, 0.2)):
-        records += [rec("fl_cs", r, False, 0.80 + i / 100), rec("fl_rnd", r, False, 0.70), rec("fl_freq", r, False, 0.75),
-                    rec("fl_cs", r, True, 0.70 - i / 100), rec("fl_rnd", r, True, 0.6), rec("fl_freq", r, True, 0.6)]
-    rows = script.table_rows(records)
-    assert len(rows) == 20 and rows[0]["scheme"] == "FL-STD" and rows[-1]["scheme"] == "FL-CS-DP"
-    text = script.render(rows, "CMD")
-    assert "| FL-STD-DP | 1 | 0.55 (0.61) | 100 (25) |" in text
-    assert "| FL-CS-DP | 0.05 | 0.70 (0.78) |" in text
-    assert "FL-CS ≥ FL-RND ≥ FL-FREQ without DP at r = 0.05: **not met** (0.800 / 0.700 / 0.750" in text
-    assert "with DP, FL-CS at r = 0.05 beats FL-STD-DP: **met**" in text
-    assert "FL-CS-DP is best at the smallest r" in text and "**met** (0.700 / 0.690 / 0.680)" in text
-    assert "bandwidth saving ~95 % at r = 0.05: **met** — measured uplink per round 95.0 % below" in text
-    assert "within a few points (≤ 3) of FL-STD at r = 0.1: **not met**" in text
+        scheme, r = c["scheme"]["name"], c["r"]
+        assert c["rounds"] == 200 and c["dataset"]["name"] == "fashion_mnist" and c["skip_finished"] is True
+        assert c["server_opts"] in ("on", "off")
+        if scheme == "fl_std":
+            assert r == 1.0
+        if c["dp"] is True:
+            assert c["clipping_norm"] == tuned_clipping_norm(table, scheme, r) and c["epsilon"] <= 1.0
+        hashes.setdefault(config_hash(c), []).append(ov)
+    assert len(hashes) == (1 + 3 * 3) * 2 * 2  # 40 distinct runs per seed: FL-STD's 3 r values are one run

@@ -1,40 +1,40 @@
-"""Paper 000, Table III CI-sized: the sweep command itself (``scripts/kerkouche21_table3.py run --ci``: 20 fedrun
-processes on ``experiment=kerkouche21_ci``) into a fresh MLflow store, then ``table --ci`` from it. Slow (each
-run is a fedrun process: ~15–60 s on the loaded 2-core machine).
+"""Paper 000, Table III CI-sized: the sweep command itself (``fedrun -m experiment=kerkouche21_ci``: 24 jobs of
+the Hydra sweep, 20 distinct runs) into a fresh MLflow store; a second run of the command skips every finished
+job; the export of the runs loads back without MLflow. Slow (a few minutes on the loaded 2-core machine).
 
     .venv/bin/python -m pytest -m slow tests/repro/test_kerkouche21_repro.py
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 @pytest.mark.slow
-def test_ci_sized_table3_sweep_and_table(shared_data, tmp_path, monkeypatch, load_script):
-    from mlflow.tracking import MlflowClient
-
+def test_ci_sized_table3_sweep_skips_finished_runs_and_exports(shared_data, tmp_path):
+    from fedrun.export import export, load
     from fedrun.report import mlflow_records
 
-    monkeypatch.setenv("FEDRUN_DATA", str(shared_data))
-    monkeypatch.chdir(tmp_path)  # MLflow's artifact folder (./mlruns) goes here
-    script = load_script("kerkouche21_table3")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert script.main(["run", "--ci", "--jobs", "2", "--tracking-uri", uri, "--outputs", str(tmp_path / "out")]) == 0
+    env = {**os.environ, "FEDRUN_DATA": str(shared_data)}
+    cmd = [str(Path(sys.executable).parent / "fedrun"), "-m", "experiment=kerkouche21_ci", f"tracking.uri={uri}",
+           "progress=off", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True, text=True, timeout=3000)
     records = [r for r in mlflow_records(uri, "kerkouche21-ci") if r["status"] == "FINISHED"]
     assert len(records) == 20
-    client = MlflowClient(tracking_uri=uri)
-    cs = next(r for r in records if r["tags.mlflow.runName"] == "fl_cs-r0.05-dp")
-    for key in ("test_accuracy", "uplink_bytes", "cost_bits", "epsilon", "decoder/residual_ratio"):
-        assert client.get_metric_history(cs["run_id"], key), key
+    assert len({r["tags.fedrun.config_hash"] for r in records}) == 20
+    cs = next(r for r in records if r["tags.scheme"] == "fl_cs" and r["params.r"] == "0.05" and r["tags.dp"] == "client")
     assert cs["tags.compression.m"] == str(5716) and float(cs["metrics.epsilon_final"]) <= 1.0
-    # a second `run` finds everything finished and starts nothing
-    assert script.main(["run", "--ci", "--tracking-uri", uri, "--outputs", str(tmp_path / "out")]) == 0
+    # the same command again finds every job finished and starts nothing
+    subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True, text=True, timeout=3000)
     assert len(mlflow_records(uri, "kerkouche21-ci")) == 20
-    out = tmp_path / "table3.md"
-    assert script.main(["table", "--ci", "--tracking-uri", uri, "--out", str(out)]) == 0
-    text = out.read_text()
-    for name in ("| FL-STD |", "| FL-CS-DP | 0.05 |", "(0.78)", "(0.61)", "The paper's claims", "bandwidth saving"):
-        assert name in text, name
-    assert (tmp_path / "table3_accuracy.png").stat().st_size > 10_000
+    export(uri, ["kerkouche21-ci"], tmp_path / "runs")
+    loaded = load(tmp_path / "runs" / "kerkouche21-ci")
+    assert len(loaded) == 20 and all(r["series"] for r in loaded)
