@@ -30,7 +30,8 @@ holds only approximately. Fixed point: Φ_j − Φ ≈ ητ(g_j − c_j − ḡ 
 c_j ← (1 − η)c_j + η(g_j − ḡ) + η·c̄ — an average with rate η of the client's gradient drift g_j − ḡ,
 which is what the correction should equal (the paper's 1/τ, not SCAFFOLD's 1/(ητ)).
 
-FedSGD (the paper's uncompressed baseline) is FedAvg with one local step and a global learning rate.
+FedSGD (the paper's uncompressed baseline) is FedAvg with uniform weights and a global learning rate γ: one
+local step as in the paper, or τ local steps (uncompressed FedSKETCH, the baseline at the sketches' τ).
 """
 
 from __future__ import annotations
@@ -346,14 +347,14 @@ class FedSketchGate(FedSketch):
 
 
 class FedSGD(FedAvg):
-    """Paper 002's uncompressed baseline: one local SGD step (τ = 1), x ← x + γ·Σ_j w_j Δx_j.
+    """Paper 002's uncompressed baseline: x ← x + γ·(1/K) Σ_j (x_j^τ − x), uniform weights over K participants.
 
-    The whole float32 gradient step travels up and the model down (FedAvg's messages).
+    With one local SGD step (τ = ``local_steps`` = 1) this is FedSGD as the paper defines it. With τ > 1 it is
+    **uncompressed FedSKETCH**: the same τ local SGD steps with lr η, the same uniform weights and the same
+    global learning rate γ (``server_lr``) as FedSKETCH (Alg. 5), with the exact average of the updates in
+    place of the unsketched Φ — the baseline that isolates what the sketch costs at the sketches' τ (paper
+    002 ran FedSGD at τ = 1 only; its FedSKETCH runs used τ = 2 and 5). The whole float32 update travels up
+    and the model down at each participant (FedAvg's messages).
     """
 
     weighting = "uniform"
-
-    def setup(self, sim: "Simulation") -> None:
-        if sim.spec.steps != 1:
-            raise ConfigError(f"scheme=fedsgd takes one local step per round; got local_steps={sim.spec.steps}; "
-                              f"allowed: local_steps=1 (scheme=fl_std is FedAvg with τ local steps)")

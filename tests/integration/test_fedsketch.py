@@ -78,7 +78,7 @@ def test_client_level_dp_on_the_sketch(fast_cfg, tmp_path):
     (["scheme=fedsketch", "scheme.cols=0"], "scheme.cols=0; allowed: an integer >= 1"),
     (["scheme=fedsketch", "scheme.rows=100", "scheme.cols=1000"], "sketch would be bigger than the model"),
     (["scheme=fedsketchgate", "sampler=poisson"], "needs full participation"),
-    (["scheme=fedsgd"], "allowed: local_steps=1"),
+    (["scheme=sketchedsgd", "local_steps=2"], "allowed: local_steps=1"),
     (["scheme=fedsketch", "scheme.unsketch=heaprix", "dp=true", "noise_multiplier=1"], "second exchange"),
 ])
 def test_bad_values_are_config_errors(fast_cfg, tmp_path, overrides, message):

@@ -315,10 +315,10 @@ def test_sketchedsgd_momentum_error_feedback_reference(seed):
         assert_f32_close(sim.client_state.get(ERROR, all_ids, DIM), v, v_abs, terms=terms)
 
 
-@pytest.mark.parametrize("scheme", [lambda: FedSGD(), lambda: SketchedSGD(rows=2, cols=5)])
-def test_one_local_step_schemes_refuse_more(scheme):
+def test_sketchedsgd_refuses_more_than_one_local_step():
+    # FedSGD takes τ local steps (uncompressed FedSKETCH): tests/unit/test_fedsgd_local_steps.py
     with pytest.raises(ConfigError, match="local_steps=2.*allowed: local_steps=1"):
-        make_sim(scheme(), steps=2)
+        make_sim(SketchedSGD(rows=2, cols=5), steps=2)
 
 
 # ------------------------------------------------------------------------------ validation, ε, DP
