@@ -1,0 +1,22 @@
+"""scripts/kerkouche21_stopping.py: which FL-STD-DP runs it reads, and the reading its rule gives."""
+
+
+def _rec(seed, opts, acc, scheme="fl_std", dp="client"):
+    series = {"test_accuracy": [(10, acc[0]), (20, acc[1]), (30, acc[2]), (200, acc[3])]}
+    return {"status": "FINISHED", "tags.scheme": scheme, "tags.dp": dp, "params.server_opts": opts,
+            "params.seed": str(seed), "series": series, "metrics.best_test_accuracy": max(acc),
+            "metrics.best_round": 200.0}
+
+
+def test_reads_fl_std_dp_as_published_and_applies_its_rule(load_script):
+    script = load_script("kerkouche21_stopping")
+    records = [_rec(0, "off", (0.45, 0.58, 0.61, 0.78)), _rec(1, "off", (0.46, 0.59, 0.62, 0.77)),
+               _rec(0, "on", (0.47, 0.45, 0.29, 0.1)),  # server momentum: not FL-STD as published
+               _rec(0, "off", (0.4, 0.5, 0.6, 0.7), scheme="fl_cs"), _rec(0, "off", (0.5, 0.6, 0.7, 0.8), dp="off")]
+    rows = script.rows(records)
+    assert [(r["seed"], r["opts"]) for r in rows] == [(0, "off"), (1, "off")]
+    assert rows[0]["best30"] == 0.61 and rows[0]["best"] == 0.78
+    text = script.render(rows)
+    assert "support the early-stopping explanation" in text
+    far = script.rows([_rec(0, "off", (0.6, 0.7, 0.75, 0.78))])
+    assert "does not explain" in script.render(far)
