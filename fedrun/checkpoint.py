@@ -45,7 +45,9 @@ def comparable(c: dict) -> dict:
 
 
 #: keys outside the hash that names a run's configuration (where it is logged, how it is driven)
-UNHASHED = (*VOLATILE, "tracking", "skip_finished")
+#: ``server_lr`` is an input that :func:`fedrun.config.resolve_server_opts` resolves into ``scheme.server_lr``,
+#: which is hashed: two runs at the same η_g are the same run however the table around it reads.
+UNHASHED = (*VOLATILE, "tracking", "skip_finished", "server_lr")
 
 
 def config_hash(c: dict) -> str:

@@ -285,21 +285,23 @@ def resolve_server_opts(c: dict[str, Any], scheme_cls: type) -> None:
     ``paper`` leaves each scheme as its config has it (FL-CS with the paper's momentum ρ and error feedback in
     R^m, the others without). ``on``: FL-CS gets ρ = ``server_momentum`` and error feedback, every other
     FedAvg-shaped scheme server momentum ρ on its decoded update (FedAvgM); ``off``: none for any scheme. A
-    scheme that has no such option (its own protocol) is refused for ``on`` in one line. Idempotent.
+    scheme that has no such option (its own protocol) is refused for ``on`` in one line. Then the top-level
+    ``server_lr`` (:func:`server_lr_for`; null = each scheme's own) sets the scheme's η_g, in every mode.
+    Idempotent.
     """
     import inspect
 
     mode = c.get("server_opts", "paper")
     if mode not in SERVER_OPTS:
         raise ConfigError(f"server_opts={mode!r} is not allowed; use {', '.join(SERVER_OPTS)}")
-    if mode == "paper":
-        return
-    rho = c.get("server_momentum", 0.9)
-    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not 0.0 < rho < 1.0:
-        raise ConfigError(f"server_momentum={rho!r} is not allowed; use 0 < server_momentum < 1")
     scheme = c.setdefault("scheme", {})
     accepts = inspect.signature(scheme_cls.__init__).parameters
-    if "error_feedback" in accepts and "momentum" in accepts:  # FL-CS: momentum and error in R^m (Alg. 3)
+    rho = c.get("server_momentum", 0.9)
+    if mode != "paper" and (isinstance(rho, bool) or not isinstance(rho, (int, float)) or not 0.0 < rho < 1.0):
+        raise ConfigError(f"server_momentum={rho!r} is not allowed; use 0 < server_momentum < 1")
+    if mode == "paper":
+        pass
+    elif "error_feedback" in accepts and "momentum" in accepts:  # FL-CS: momentum and error in R^m (Alg. 3)
         scheme["momentum"] = float(rho) if mode == "on" else 0.0
         scheme["error_feedback"] = mode == "on"
     elif "server_momentum" in accepts:
@@ -307,6 +309,36 @@ def resolve_server_opts(c: dict[str, Any], scheme_cls: type) -> None:
     elif mode == "on":
         raise ConfigError(f"server_opts=on is not available with scheme={_scheme_name(c)}: it has no server "
                           f"momentum option (use server_opts=paper or off)")
+    lr = server_lr_for(c.get("server_lr"), mode, _scheme_name(c))
+    if lr is not None:
+        if "server_lr" not in accepts:
+            raise ConfigError(f"server_lr={lr:g} is not available with scheme={_scheme_name(c)}: it has no server "
+                              f"learning rate")
+        scheme["server_lr"] = lr
+
+
+def server_lr_for(table: Any, mode: str, scheme: str) -> float | None:
+    """η_g from the top-level ``server_lr``: null (each scheme's own), one number for every scheme, or a table
+    ``{server_opts mode: {scheme: η_g}}`` (the values a tuning sweep chose; a scheme or mode it does not name
+    keeps its own). None where the scheme keeps its own. A bad entry raises :class:`ConfigError`, one line."""
+    if table is None:
+        return None
+    if isinstance(table, Mapping):
+        bad = [str(k) for k in table if str(k) not in SERVER_OPTS]
+        if bad:
+            raise ConfigError(f"server_lr has key {bad[0]!r}; a table's keys are server_opts modes: "
+                              f"{', '.join(SERVER_OPTS)}")
+        row = table.get(mode) or {}
+        if not isinstance(row, Mapping):
+            raise ConfigError(f"server_lr.{mode}={row!r} is not allowed; use {{scheme: η_g > 0}}")
+        if scheme not in row:
+            return None
+        value, where = row[scheme], f"server_lr.{mode}.{scheme}"
+    else:
+        value, where = table, "server_lr"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{where}={value!r} is not allowed; use a number > 0, or null for the scheme's own")
+    return float(value)
 
 
 def _modes_text(modes: tuple[str, ...]) -> str:

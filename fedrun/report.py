@@ -115,7 +115,8 @@ def spec_path(table: str, root: str | Path | None = None) -> Path:
 
 def report_files(table: str, root: str | Path | None = None) -> dict[Path, bytes]:
     """Every file of a report (its markdown and figures, paths relative to ``root``) built from the
-    committed exports alone (no MLflow)."""
+    committed exports alone (no MLflow); a spec with claims also gives README.md with its claims block
+    regenerated (:mod:`fedrun.reports.readme`)."""
     from fedrun.export import RUNS_SUFFIX, load
     from fedrun.reports.build import collect, curves, render
     from fedrun.reports.figure import draw
@@ -138,6 +139,14 @@ def report_files(table: str, root: str | Path | None = None) -> dict[Path, bytes
         notes = path.read_text()
     text = render(spec, records, [e.path + RUNS_SUFFIX for e in spec.exports], [f.file for f in spec.figures], notes)
     files[output] = text.encode("utf-8")
+    if spec.claims:  # the README's verdicts come from the same claims (fedrun.reports.readme)
+        from fedrun.reports import readme
+
+        path = root / readme.README
+        if not path.exists():
+            raise SpecError(f"{path} not found: the claims of {table} go into its claims block")
+        body = readme.block(spec, placed)
+        files[Path(readme.README)] = readme.splice(path.read_text(), spec.name, body).encode("utf-8")
     return files
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from fedrun import export as ex
 from fedrun.report import main, report_files, spec_path
+from fedrun.reports import readme
 from fedrun.reports.spec import load_spec, yaml_load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,6 +106,8 @@ def _root_with_table3(tmp_path: Path, figure: str | None) -> Path:
     (root / "conf" / "report" / "t3.yaml").write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
     (root / "results" / "k").mkdir(parents=True)
     (root / "results" / "k" / "notes.md").write_text("## Notes\n\nhand-written notes.\n")
+    start, end = readme.markers("t3")
+    (root / "README.md").write_text(f"# A README\n\nWhat held:\n\n{start}\nold verdicts\n{end}\n\nThe end.\n")
     _synthetic_table3(root / "results" / "k" / "runs" / "t3")
     return root
 
@@ -147,6 +150,34 @@ def test_check_notices_a_changed_export_and_out_writes_elsewhere(tmp_path, capsy
     assert main(["t3", "--root", str(root), "--check"]) == 1
     assert "results/k/table3.md differs" in capsys.readouterr().err
     assert (root / "results" / "k" / "table3.md").read_bytes() == md  # --check writes nothing
+
+
+def test_readme_verdicts_are_the_claims_and_check_catches_a_hand_edit(tmp_path, capsys):
+    """README.md's claims block is generated from the same claims as the report; a verdict edited by hand, or a
+    missing block, is caught."""
+    root = _root_with_table3(tmp_path, None)
+    assert main(["t3", "--root", str(root)]) == 0
+    text = (root / "README.md").read_text()
+    md = (root / "results" / "k" / "table3.md").read_text()
+    assert text.startswith("# A README\n\nWhat held:\n\n") and text.endswith("\n\nThe end.\n")
+    assert "old verdicts" not in text and "Claims checked by [table3.md](results/k/table3.md)" in text
+    line = "- with DP, FL-CS at r = 0.05 beats FL-STD-DP [server options on]: **not met** — "
+    assert line in text and line in md  # the same verdict and numbers in both
+    assert text.count("\n- ") == md.split("## The paper's claims")[1].split("## ")[0].count("\n- ")
+    assert main(["t3", "--root", str(root), "--check"]) == 0
+    (root / "README.md").write_text(text.replace(line, line.replace("**not met**", "**met**")))
+    assert main(["t3", "--root", str(root), "--check"]) == 1
+    assert "README.md differs from what the export gives" in capsys.readouterr().err
+    (root / "README.md").write_text("# A README without the block\n")
+    assert main(["t3", "--root", str(root)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "README.md has no claims block for t3" in err and "\n" not in err
+
+
+def test_every_spec_with_claims_has_its_block_in_the_readme():
+    text = (REPO / "README.md").read_text()
+    with_claims = [t for t in SPECS if load_spec(spec_path(t, REPO)).claims]
+    assert with_claims and sorted(readme.names_in(text)) == sorted(with_claims)
 
 
 def test_a_missing_export_or_bad_spec_is_one_line(tmp_path, capsys):

@@ -86,3 +86,52 @@ def test_server_opts_on_is_refused_for_a_scheme_without_the_option() -> None:
     resolve_server_opts(off, FedSketch)  # nothing to turn off
     with pytest.raises(ConfigError, match="server_opts='sometimes' is not allowed"):
         resolve_server_opts(_cfg("fl_std", "sometimes"), FedAvg)
+
+
+# -- server_lr: η_g per server_opts mode and scheme (the tuned values of a comparison) --------------------------
+TUNED = {"on": {"fl_std": 0.1, "fl_cs": 0.3}, "off": {"fl_std": 2.0}}
+
+
+@pytest.mark.parametrize("mode, name, cls, expected", [
+    ("on", "fl_std", FedAvg, 0.1), ("off", "fl_std", FedAvg, 2.0), ("paper", "fl_std", FedAvg, None),
+    ("on", "fl_cs", CompressiveSensingScheme, 0.3), ("off", "fl_cs", CompressiveSensingScheme, None),
+    ("on", "fl_rnd", RandomCoordinatesScheme, None)])
+def test_server_lr_table_sets_the_scheme_lr_per_mode(mode, name, cls, expected) -> None:
+    c = dict(_cfg(name, mode), server_lr=TUNED)
+    resolve_server_opts(c, cls)
+    assert c["scheme"].get("server_lr") == expected  # None: the scheme keeps its own (no key set)
+    built = cls(**{k: v for k, v in c["scheme"].items() if k != "name"})
+    assert built.server_lr == (1.0 if expected is None else expected)
+
+
+def test_server_lr_number_applies_to_every_scheme_and_mode() -> None:
+    for mode in ("paper", "on", "off"):
+        c = dict(_cfg("fl_freq", mode), server_lr=0.3)
+        resolve_server_opts(c, FreqScheme)
+        assert c["scheme"]["server_lr"] == 0.3
+
+
+@pytest.mark.parametrize("bad, message", [
+    (0, "server_lr=0 is not allowed"), (True, "server_lr=True is not allowed"),
+    ({"sometimes": {"fl_std": 1}}, "server_lr has key 'sometimes'"),
+    ({"on": 0.1}, "server_lr.on=0.1 is not allowed"),
+    ({"on": {"fl_std": -1.0}}, r"server_lr.on.fl_std=-1.0 is not allowed")])
+def test_bad_server_lr_is_refused_in_one_line(bad, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve_server_opts(dict(_cfg("fl_std", "on"), server_lr=bad), FedAvg)
+
+
+def test_server_lr_is_hashed_as_the_value_the_scheme_runs_with() -> None:
+    """A run at η_g = 1 has one hash whether η_g came from the scheme's default or from a table naming 1; a table
+    that changes η_g changes the hash (so skip_finished re-runs it)."""
+    from fedrun.checkpoint import config_hash
+
+    def resolved(table):
+        c = dict(_cfg("fl_std", "on"), server_lr=table, seed=0)
+        resolve_server_opts(c, FedAvg)
+        if "server_lr" not in c["scheme"]:
+            c["scheme"]["server_lr"] = 1.0  # what the scheme's config file holds
+        return config_hash(c)
+
+    assert resolved(None) == resolved({"on": {"fl_std": 1.0}}) == resolved({"off": {"fl_std": 0.1}})
+    assert resolved({"on": {"fl_std": 0.1}}) != resolved(None)
