@@ -32,7 +32,7 @@ from fedrun.training import ClientData, LocalSpec
 
 log = logging.getLogger("fedrun")
 
-IMAGE_MODELS = ("lenet5", "femnist_cnn", "fashion_cnn", "vgg16")
+IMAGE_MODELS = ("lenet5", "femnist_cnn", "fashion_cnn", "fashion_cnn_1m", "vgg16")
 
 
 class RunDiverged(FloatingPointError):

@@ -68,18 +68,27 @@ class FemnistCNN(_Sequential):
 
 
 class FashionCNN(_Sequential):
-    """fedrun's Fashion-MNIST CNN for paper 000 (its architecture is not published); 114,314 parameters."""
+    """fedrun's Fashion-MNIST CNN for paper 000 (its architecture is not published); 114,314 parameters with
+    ``hidden`` = 64 units in the dense layer."""
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, hidden: int = 64) -> None:
         super().__init__()
         self.body = nn.Sequential(
             nn.Conv2d(in_channels, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(),
-            nn.Linear(32 * 7 * 7, 64), nn.ReLU(),
-            nn.Linear(64, num_classes),
+            nn.Linear(32 * 7 * 7, hidden), nn.ReLU(),
+            nn.Linear(hidden, num_classes),
         )
         self.default_cut = 7
+
+
+class FashionCNN1M(FashionCNN):
+    """The same CNN with a 640-unit dense layer: 1,023,818 parameters, the order (n ≈ 10⁶) of paper 000's
+    unpublished model, to test whether FL-STD-DP's accuracy depends on the model's size (issue 15)."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+        super().__init__(num_classes, in_channels, hidden=640)
 
 
 class LinearRegression(_Sequential):
@@ -143,12 +152,13 @@ class VGG16(_Sequential):
         return out
 
 
-_MODELS = {"lenet5": LeNet5, "femnist_cnn": FemnistCNN, "fashion_cnn": FashionCNN, "lr": LinearRegression,
+_MODELS = {"lenet5": LeNet5, "femnist_cnn": FemnistCNN, "fashion_cnn": FashionCNN,
+           "fashion_cnn_1m": FashionCNN1M, "lr": LinearRegression,
            "vgg16": VGG16}
 
 
 def build_model(name: str, **kwargs) -> nn.Module:
-    """Build a model by its config name (``lenet5``, ``femnist_cnn``, ``fashion_cnn``, ``lr``)."""
+    """Build a model by its config name (``lenet5``, ``femnist_cnn``, ``fashion_cnn``, ``fashion_cnn_1m``, ``lr``, ``vgg16``)."""
     try:
         cls = _MODELS[name]
     except KeyError:
@@ -160,4 +170,4 @@ def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["LeNet5", "FemnistCNN", "FashionCNN", "VGG16", "LinearRegression", "build_model", "num_parameters"]
+__all__ = ["LeNet5", "FemnistCNN", "FashionCNN", "FashionCNN1M", "VGG16", "LinearRegression", "build_model", "num_parameters"]

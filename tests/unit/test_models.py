@@ -6,13 +6,13 @@ from fedrun.models.nets import num_parameters
 
 
 @pytest.mark.parametrize("name,count", [("lenet5", 61_706), ("femnist_cnn", 214_590), ("fashion_cnn", 114_314),
-                                        ("lr", 11)])
+                                        ("fashion_cnn_1m", 1_023_818), ("lr", 11)])
 def test_parameter_counts(name, count):
     kwargs = {"num_classes": 62} if name == "femnist_cnn" else {}
     assert num_parameters(build_model(name, **kwargs)) == count
 
 
-@pytest.mark.parametrize("name", ["lenet5", "femnist_cnn", "fashion_cnn", "lr"])
+@pytest.mark.parametrize("name", ["lenet5", "femnist_cnn", "fashion_cnn", "fashion_cnn_1m", "lr"])
 def test_features_then_head_is_forward(name):
     torch.manual_seed(0)
     m = build_model(name)
