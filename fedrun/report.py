@@ -130,7 +130,8 @@ def report_files(table: str, root: str | Path | None = None) -> dict[Path, bytes
     placed = collect(spec, records)
     for fig in spec.figures:
         panels, ncols = curves(spec, fig, placed)
-        files[output.parent / fig.file] = draw(panels, fig.file, fig.title, fig.xlabel, fig.ylabel, ncols)
+        files[output.parent / fig.file] = draw(panels, fig.file, fig.title, fig.xlabel, fig.ylabel, ncols,
+                                               fig.yscale)
     notes = ""
     if spec.notes:
         path = root / spec.notes

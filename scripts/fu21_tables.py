@@ -16,8 +16,15 @@ The file's title and first paragraph say which local-DP sensitivity (``local_dp_
 and whether their ε is conditional on an unchecked assumption (:func:`sensitivity_statement`); runs with
 different sensitivities are never mixed in one file (select them with ``--filter``).
 
-    python scripts/fu21_tables.py --experiment fu21-lending-club --out results/fu21/lending_club.md \\
+    python scripts/fu21_tables.py --experiment fu21-lending-club --out /tmp/lending_club.md \\
         --command "fedrun -m experiment=fu21_lending_club ..."
+
+results/fu21/lending_club.md is no longer written by this script: it is generated from the committed export by
+``python -m fedrun.report fu21_lending_club`` (conf/report/fu21_lending_club.yaml). The script stays for what
+the report does not do: MSE/accuracy against E as a PNG with the best E starred, the mean of the noise item
+over every round (from MLflow's full metric history), the sensitivity paragraph computed from the runs, and
+the FEMNIST / paper_unchecked tables (whose runs were not kept); tests/repro/test_fu21*.py and
+tests/unit/test_local_dp_sensitivity.py use it.
 
 Reruns of the same (ε, E, seed, T) keep only the newest run. The pure part (:func:`aggregate`,
 :func:`sweep_tables`) takes records as :func:`fedrun.report.mlflow_records` returns them.

@@ -9,8 +9,9 @@ The claim rule (:func:`compare`), stated in every report: the difference of two 
 claimed direction and plus the claim's tolerance, is **met** when it exceeds k·SE (SE = √(s₁²/n₁ + s₂²/n₂),
 k = 2 by default), **not met** when it is below −k·SE, and **inconclusive (within noise)** in between; a cell
 with fewer than ``min_seeds`` (3) runs makes it **inconclusive (fewer than 3 seeds)**. A claim of several
-comparisons is met when every one is met, not met when any one is not met. A ``saving`` claim reads counted
-bytes: met when 1 − mean(left)/mean(right) ≥ its threshold.
+comparisons is met when every one is met, not met when any one is not met; a claim with ``combine: any`` is met
+when some comparison is met, not met when every one is not met. A ``saving`` claim reads counted bytes: met when
+1 − mean(left)/mean(right) ≥ its threshold.
 """
 
 from __future__ import annotations
@@ -310,6 +311,7 @@ def table_sections(spec: Spec, table: Table, placed: Placed, mk: Mapping[int, st
         for row in rows:
             ctx = {**at, **dict(zip(table.rows, row))}
             texts = [spec.dims[d].label(v) for d, v in zip(table.rows, row)]
+            best: dict[int, tuple[float, int]] = {}   # cell spec → (its best aggregate in this row, column)
             for c, fixed in cols:
                 here = {**ctx, **fixed}
                 if c.paper is not None:
@@ -321,7 +323,15 @@ def table_sections(spec: Spec, table: Table, placed: Placed, mk: Mapping[int, st
                         if i not in used:
                             used.append(i)
                 else:
-                    texts.append(cell_stat(spec, placed, here, c.value).render(c.agg, c.fmt))
+                    st = cell_stat(spec, placed, here, c.value)
+                    texts.append(st.render(c.agg, c.fmt))
+                    x = st.agg("mean" if c.agg == "same" else c.agg)
+                    if c.best and not math.isnan(x):
+                        key = (x if c.best == "min" else -x, len(texts) - 1)
+                        j = table.cells.index(c)
+                        best[j] = min(best.get(j, key), key)
+            for _, col in best.values():
+                texts[col] = f"**{texts[col]}**"
             body.append(texts)
         head = [spec.dims[d].header for d in table.rows] + [_header(spec, c, f) for c, f in cols]
         keep = list(range(len(head)))
@@ -367,12 +377,19 @@ def compare(left: Stat, right: Stat, op: str, tol: float = 0.0, k: float = 2.0,
     return NOISE, d, band
 
 
-def combine(verdicts: Sequence[str]) -> str:
-    """Several comparisons: not met if any is, met if all are; otherwise the first inconclusive reason."""
-    if NOT_MET in verdicts:
-        return NOT_MET
-    if all(v == MET for v in verdicts):
-        return MET
+def combine(verdicts: Sequence[str], how: str = "all") -> str:
+    """Several comparisons. ``all``: not met if any is, met if all are; ``any``: met if any is, not met if all are
+    not. Otherwise the first inconclusive reason (not checkable, then fewer seeds, then within noise)."""
+    if how == "any":
+        if MET in verdicts:
+            return MET
+        if all(v == NOT_MET for v in verdicts):
+            return NOT_MET
+    else:
+        if NOT_MET in verdicts:
+            return NOT_MET
+        if all(v == MET for v in verdicts):
+            return MET
     if NOT_CHECKABLE in verdicts:
         return NOT_CHECKABLE
     few = [v for v in verdicts if v.startswith("inconclusive (fewer")]
@@ -459,7 +476,8 @@ def evaluate(spec: Spec, claim: Claim, placed: Placed) -> list[tuple[str, Verdic
                 if not math.isnan(band):
                     desc += f", {spec.rule.k:g}·SE = {band:.3f}"
             parts.append(desc)
-        out.append((text, Verdict(combine(verdicts), "; ".join(parts))))
+        detail = ("any of: " if claim.combine == "any" else "") + "; ".join(parts)
+        out.append((text, Verdict(combine(verdicts, claim.combine), detail)))
     return out
 
 
@@ -470,8 +488,12 @@ def rule_text(spec: Spec) -> str:
             f"below −{k:g}·SE, **inconclusive (within noise)** in between, with SE = √(s₁²/n₁ + s₂²/n₂) "
             f"(s: sample std over seeds); **inconclusive (fewer than {n} seeds)** when either cell has fewer than {n} "
             f"runs. A "
-            f"claim of several comparisons is met when all are met and not met when any is not met. A bandwidth "
-            f"saving counts bytes (no noise): met when 1 − mean(left)/mean(right) reaches the threshold.")
+            f"claim of several comparisons is met when all are met and not met when any is not met"
+            + ("" if not any(c.combine == "any" for c in spec.claims) else
+               "; a claim whose comparisons are listed as *any of* is met when any is met and not met when all "
+               "are not met")
+            + ". A bandwidth saving counts bytes (no noise): met when 1 − mean(left)/mean(right) reaches the "
+              "threshold.")
 
 
 # --------------------------------------------------------------------------------------------- figures (data)

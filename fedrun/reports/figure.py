@@ -18,9 +18,10 @@ RC = {"svg.hashsalt": "fedrun-report", "svg.fonttype": "path", "font.family": "D
 
 
 def draw(panels: Sequence[tuple[str, Sequence[Curve]]], file: str, title: str = "", xlabel: str = "round",
-         ylabel: str = "", ncols: int = 2) -> bytes:
+         ylabel: str = "", ncols: int = 2, yscale: str = "linear") -> bytes:
     """The figure's bytes (format from ``file``'s extension): one panel per (title, curves), ``ncols`` a row,
-    y shared; a panel without curves says so."""
+    y shared (``yscale``: linear or log; on a log scale a line whose mean − std reaches 0 has no band); a panel
+    without curves says so."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -40,12 +41,14 @@ def draw(panels: Sequence[tuple[str, Sequence[Curve]]], file: str, title: str = 
                                markersize=3, linewidth=1.2, label=c.label)
                 handles.setdefault(c.label, h)
                 lo = [m - s for m, s in zip(c.mean, c.std) if not math.isnan(s)]
-                if len(lo) == len(c.mean):
+                if len(lo) == len(c.mean) and (yscale == "linear" or min(lo, default=1) > 0):  # log: no band to ≤ 0
                     hi = [m + s for m, s in zip(c.mean, c.std)]
                     ax.fill_between(c.steps, lo, hi, color=c.color, alpha=0.12, linewidth=0)
             seeds = sorted({c.n for c in lines})
             n_text = "" if not seeds else f" (n = {seeds[0]}" + (f"–{seeds[-1]})" if len(seeds) > 1 else ")")
             ax.set_title(ptitle + n_text, fontsize=9)
+            if yscale != "linear":
+                ax.set_yscale(yscale)
             ax.grid(alpha=0.3)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if not lines:

@@ -25,18 +25,21 @@ an expression is arithmetic (+ - * / **, numbers) over record keys (``metrics.be
 (leave out a column empty in every row of a section), cells: [...]}]``;
 a cell is ``{header, value: name, agg: mean_std|mean|median|min|max|same|n, fmt: "{:.3f}", level: k}`` (a
 measured value, aggregated over the repetitions) or ``{header, paper: name, fmt, level}`` (the paper's
-number for that quantity); ``level``: how many of the column dims the cell is split by (default all).
+number for that quantity); ``level``: how many of the column dims the cell is split by (default all);
+``best: min|max`` (measured cells): in each row, the column of this cell with the lowest / highest aggregate is
+bold.
 
 ``paper``: the paper's numbers: ``[{at: "scheme=fl_cs r=0.05 dp=on", quantity: value name, number: 0.78,
 where: "Sec. V, text", status: read|inferred, how: "…" (required when inferred)}]``.
 
 ``claims``: ``[{text, paper, where, for_each: [dims] or {dim: [values] or present}, kind: compare, value: name,
-compare: [[cell, op, cell, tol]]}]`` (op: ``>``, ``>=``, ``<``, ``<=``) or ``{kind: saving, value, left: cell,
-right: cell, at_least: 0.945}``; a cell is ``"dim=value dim=value"`` (``{dim}`` placeholders take the ``for_each``
+compare: [[cell, op, cell, tol]], combine: all|any}]`` (op: ``>``, ``>=``, ``<``, ``<=``; ``combine``: the claim
+holds when every comparison holds (``all``, the default) or when some comparison holds (``any``)) or
+``{kind: saving, value, left: cell, right: cell, at_least: 0.945}``; a cell is ``"dim=value dim=value"`` (``{dim}`` placeholders take the ``for_each``
 values). ``rule: {k: 2, min_seeds: 3}``: see :mod:`fedrun.reports.build`.
 
 ``figures``: ``[{file: x.svg|x.png, series: test_accuracy, panels: [dims], lines: [dims], color: {dim, map},
-linestyle: {dim, map}, title, xlabel, ylabel, where}]``.
+linestyle: {dim, map}, title, xlabel, ylabel, yscale: linear|log, where}]``.
 
 YAML note: the loader reads ``on``/``off``/``yes``/``no`` as text (YAML 1.2); only ``true``/``false`` are
 booleans.
@@ -47,11 +50,15 @@ from __future__ import annotations
 import ast
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 AGGS = ("mean_std", "mean", "median", "min", "max", "same", "n")
+BESTS = ("min", "max")
+COMBINES = ("all", "any")
+SCALES = ("linear", "log")
 OPS = (">", ">=", "<", "<=")
 TYPES = ("str", "float", "int")
 STATUSES = ("read", "inferred")
@@ -135,6 +142,7 @@ class Cell:
     agg: str = "mean_std"
     fmt: str = "{:.3f}"
     level: int | None = None
+    best: str | None = None    # "min" / "max": the best column of this cell in a row is bold
 
 
 @dataclass(frozen=True)
@@ -180,6 +188,7 @@ class Claim:
     for_each: tuple[tuple[str, tuple[Any, ...] | None], ...] = ()   # (dim, its values; None: those with runs)
     paper: str = ""
     where: str = ""
+    combine: str = "all"   # "all": every comparison must hold; "any": one is enough
 
 
 @dataclass(frozen=True)
@@ -207,6 +216,7 @@ class Figure:
     ylabel: str = ""
     where: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     alt: str = ""
+    yscale: str = "linear"
 
 
 @dataclass(frozen=True)
@@ -262,13 +272,15 @@ def _dotted(node: ast.AST) -> str | None:
 
 
 def as_float(value: Any) -> float:
-    """A record value as a number (NaN when missing or not a number)."""
+    """A record value as a number (NaN when missing or not a number; the largest float, as MLflow stores
+    infinity, is infinity)."""
     if value is None or isinstance(value, bool):
         return math.nan
     try:
-        return float(value)
+        x = float(value)
     except (TypeError, ValueError):
         return math.nan
+    return math.copysign(math.inf, x) if abs(x) == sys.float_info.max else x  # MLflow logs ±inf as ±max float
 
 
 def compile_expr(text: str, names: Sequence[str], where: str) -> Callable[..., float]:
@@ -430,7 +442,7 @@ def _parse_dim(name: str, d: Any, where: str) -> Dim:
 
 
 def _parse_cell_spec(c: Any, columns: Sequence[str], where: str) -> Cell:
-    _check_keys(c, ("header", "value", "paper", "agg", "fmt", "level"), where)
+    _check_keys(c, ("header", "value", "paper", "agg", "fmt", "level", "best"), where)
     if ("value" in c) == ("paper" in c):
         raise SpecError(f"{where}: give either 'value' (a measured value) or 'paper' (the paper's number)")
     agg = c.get("agg", "mean_std")
@@ -439,8 +451,13 @@ def _parse_cell_spec(c: Any, columns: Sequence[str], where: str) -> Cell:
     level = c.get("level")
     if level is not None and (not isinstance(level, int) or not 0 <= level <= len(columns)):
         raise SpecError(f"{where}.level: {level!r}; allowed: 0..{len(columns)} (the number of column dims)")
+    best = c.get("best")
+    if best is not None and best not in BESTS:
+        raise SpecError(f"{where}.best: {best!r}; allowed: {', '.join(BESTS)}")
+    if best is not None and "value" not in c:
+        raise SpecError(f"{where}.best: only a measured cell ('value') can mark its best column")
     return Cell(str(c.get("header", "")), c.get("value"), c.get("paper"), agg,
-                _fmt(c.get("fmt", "{:.3f}"), f"{where}.fmt"), level)
+                _fmt(c.get("fmt", "{:.3f}"), f"{where}.fmt"), level, best)
 
 
 def parse(raw: Any, name: str = "report", where: str | None = None) -> Spec:
@@ -561,7 +578,8 @@ def parse(raw: Any, name: str = "report", where: str | None = None) -> Spec:
 
 
 def _parse_claim(c: Any, dims: Mapping[str, Dim], values: Mapping[str, Value], cw: str) -> Claim:
-    _check_keys(c, ("text", "kind", "value", "compare", "left", "right", "at_least", "for_each", "paper", "where"), cw)
+    _check_keys(c, ("text", "kind", "value", "compare", "left", "right", "at_least", "for_each", "paper", "where",
+                    "combine"), cw)
     kind = c.get("kind", "compare")
     value = str(_need(c, "value", cw))
     if value not in values:
@@ -596,6 +614,11 @@ def _parse_claim(c: Any, dims: Mapping[str, Dim], values: Mapping[str, Value], c
                         f"({', '.join(d for d, _ in for_each) or 'none'})") from None
     common = dict(text=str(_need(c, "text", cw)), kind=kind, value=value, for_each=for_each,
                   paper=str(c.get("paper", "")), where=str(c.get("where", "")))
+    combine = c.get("combine", "all")
+    if combine not in COMBINES:
+        raise SpecError(f"{cw}.combine: {combine!r}; allowed: {', '.join(COMBINES)}")
+    if "combine" in c and kind != "compare":
+        raise SpecError(f"{cw}.combine: only a compare claim combines comparisons")
     if kind == "compare":
         comps = []
         for j, item in enumerate(_seq(_need(c, "compare", cw))):
@@ -609,7 +632,7 @@ def _parse_claim(c: Any, dims: Mapping[str, Dim], values: Mapping[str, Value], c
             if isinstance(tol, bool) or not isinstance(tol, (int, float)):
                 raise SpecError(f"{iw}: tol {tol!r} is not a number")
             comps.append(Comparison(check_cell(item[0], iw), op, check_cell(item[2], iw), float(tol)))
-        return Claim(compare=tuple(comps), **common)
+        return Claim(compare=tuple(comps), combine=combine, **common)
     if kind == "saving":
         at_least = _need(c, "at_least", cw)
         if isinstance(at_least, bool) or not isinstance(at_least, (int, float)):
@@ -625,7 +648,10 @@ def _raw_text(v: Any) -> str:
 
 def _parse_figure(f: Any, dims: Mapping[str, Dim], fw: str) -> Figure:
     _check_keys(f, ("file", "series", "panels", "lines", "color", "linestyle", "title", "xlabel", "ylabel",
-                    "where", "alt"), fw)
+                    "where", "alt", "yscale"), fw)
+    yscale = f.get("yscale", "linear")
+    if yscale not in SCALES:
+        raise SpecError(f"{fw}.yscale: {yscale!r}; allowed: {', '.join(SCALES)}")
     file = str(_need(f, "file", fw))
     if not file.endswith((".svg", ".png")):
         raise SpecError(f"{fw}.file: {file!r}; allowed: a .svg or .png file name")
@@ -650,7 +676,7 @@ def _parse_figure(f: Any, dims: Mapping[str, Dim], fw: str) -> Figure:
     return Figure(file, str(_need(f, "series", fw)), panels, lines, styles[0], styles[1], str(f.get("title", "")),
                   str(f.get("xlabel", "round")), str(f.get("ylabel", f.get("series"))),
                   _dim_where(f.get("where"), dims, f"{fw}.where"),
-                  str(f.get("alt", "")))
+                  str(f.get("alt", "")), yscale)
 
 
 def load_spec(path: str | Path) -> Spec:

@@ -60,6 +60,16 @@ def test_yaml_keeps_on_and_off_as_text():
      r"False for dim 'dp' is a boolean"),
     ({"expect": [{"scheme": "a"}]}, r"expect\[0\] does not name dp"),
     ({"colour": 1}, r"unknown key 'colour'"),
+    ({"tables": [{"rows": ["scheme"], "cells": [{"value": "acc", "best": "lowest"}]}]},
+     r"tables\[0\]\.cells\[0\]\.best: 'lowest'; allowed: min, max"),
+    ({"tables": [{"rows": ["scheme"], "cells": [{"paper": "acc", "best": "min"}]}]},
+     r"cells\[0\]\.best: only a measured cell"),
+    ({"claims": [{"text": "x", "value": "acc", "combine": "some", "compare": [["scheme=a", ">", "scheme=b"]]}]},
+     r"claims\[0\]\.combine: 'some'; allowed: all, any"),
+    ({"claims": [{"text": "x", "kind": "saving", "value": "acc", "left": "scheme=a", "right": "scheme=b",
+                  "at_least": 0.5, "combine": "any"}]}, r"claims\[0\]\.combine: only a compare claim"),
+    ({"figures": [{"file": "f.svg", "series": "test_accuracy", "yscale": "symlog"}]},
+     r"figures\[0\]\.yscale: 'symlog'; allowed: linear, log"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_value(over, message):
     with pytest.raises(SpecError, match=message) as err:
@@ -198,3 +208,57 @@ def test_committed_specs_parse():
 def test_fmt_number_marks_missing_and_infinite():
     assert build.fmt_number(math.nan) == "–" and build.fmt_number(math.inf, "{:.2f}") == "∞"
     assert build.stat([math.nan, 1.0]).n == 1
+
+
+def test_best_marks_the_lowest_or_highest_column_of_a_row_in_bold():
+    recs = [_rec("a", s, 0.80 + 0.01 * s) for s in range(3)] + [_rec("a", s, 0.70, dp="client") for s in range(3)] \
+        + [_rec("b", 0, 0.5), _rec("b", 0, 0.9, dp="client")]
+    table = {"rows": ["scheme"], "columns": ["dp"], "cells": [{"value": "acc", "fmt": "{:.2f}", "best": "max"}]}
+    spec = _spec(tables=[table])
+    md = build.table_sections(spec, spec.tables[0], build.collect(spec, recs), {})[0][1]
+    assert "| A | **0.81 ± 0.01 (3)** | 0.70 ± 0.00 (3) |" in md and "| B | 0.50 (1) | **0.90 (1)** |" in md
+    spec = _spec(tables=[{**table, "cells": [{"value": "acc", "fmt": "{:.2f}", "best": "min"}]}])
+    md = build.table_sections(spec, spec.tables[0], build.collect(spec, recs), {})[0][1]
+    assert "| A | 0.81 ± 0.01 (3) | **0.70 ± 0.00 (3)** |" in md and "| B | **0.50 (1)** | 0.90 (1) |" in md
+    spec = _spec(tables=[{**table, "cells": [{"value": "acc", "fmt": "{:.2f}"}]}])   # no best: nothing bold
+    assert "**" not in build.table_sections(spec, spec.tables[0], build.collect(spec, recs), {})[0][1]
+
+
+def test_an_any_claim_is_met_by_one_comparison_and_not_met_only_by_all():
+    recs = [_rec("a", s, 0.80 + 0.01 * s) for s in range(3)] + [_rec("b", s, 0.70 + 0.01 * s) for s in range(3)] \
+        + [_rec("c", s, 0.75 + 0.01 * s) for s in range(3)]
+    one = _claims_spec([["scheme=b dp={dp}", ">", "scheme=c dp={dp}"], ["scheme=a dp={dp}", ">", "scheme=c dp={dp}"]],
+                       combine="any")
+    [(_, v)] = build.evaluate(one, one.claims[0], build.collect(one, recs))
+    assert v.verdict == "met" and v.detail.startswith("any of: B 0.710")
+    assert "listed as *any of*" in build.render(one, recs)
+    assert "listed as *any of*" not in build.render(_claims_spec([["scheme=a dp={dp}", ">", "scheme=b dp={dp}"]]), recs)
+    every = _claims_spec([["scheme=b dp={dp}", ">", "scheme=c dp={dp}"], ["scheme=a dp={dp}", ">", "scheme=c dp={dp}"]])
+    assert build.evaluate(every, every.claims[0], build.collect(every, recs))[0][1].verdict == "not met"
+    none = _claims_spec([["scheme=b dp={dp}", ">", "scheme=c dp={dp}"], ["scheme=c dp={dp}", ">", "scheme=a dp={dp}"]],
+                        combine="any")
+    assert build.evaluate(none, none.claims[0], build.collect(none, recs))[0][1].verdict == "not met"
+    assert build.combine(["not met", "inconclusive (within noise)"], "any") == "inconclusive (within noise)"
+    assert build.combine(["not met", "not checkable"], "any") == "not checkable"
+
+
+def test_mlflow_infinity_reads_as_infinity():
+    import sys
+
+    from fedrun.reports.spec import as_float
+
+    assert as_float(sys.float_info.max) == math.inf and as_float(-sys.float_info.max) == -math.inf
+    assert as_float("1e300") == 1e300 and math.isnan(as_float(None))
+
+
+def test_a_log_y_axis_and_no_band_reaching_zero():
+    from fedrun.reports.figure import draw
+
+    line = build.Curve("x", (1, 2, 3), (1.0, 10.0, 100.0), (0.5, 20.0, 5.0), 3, None, None)
+    bare = build.Curve("x", (1, 2, 3), (1.0, 10.0, 100.0), (math.nan,) * 3, 3, None, None)
+    assert _spec(figures=[{"file": "f.svg", "series": "mse", "yscale": "log"}]).figures[0].yscale == "log"
+    assert _spec(figures=[{"file": "f.svg", "series": "mse"}]).figures[0].yscale == "linear"
+    lin, log = (draw([("p", [bare])], "f.svg", yscale=y) for y in ("linear", "log"))
+    assert lin != log
+    assert draw([("p", [line])], "f.svg", yscale="log") == draw([("p", [bare])], "f.svg", yscale="log")
+    assert draw([("p", [line])], "f.svg") != draw([("p", [bare])], "f.svg")   # linear: the band is drawn
