@@ -6,8 +6,8 @@ Every spec with ``claims`` owns one block of README.md, between the markers
     <!-- /claims: <spec name> -->
 
 :func:`block` renders the block's lines from the claims' verdicts (:func:`fedrun.reports.build.evaluate`: the
-same rule and numbers as the report's own "claims" section), one line per claim and for-each value, with a link
-to the report file. :func:`splice` puts a block in place of the old one. Pure: text in, text out.
+same rule and numbers as the report's own "claims" section), one line per claim and for-each value (its verdict; the numbers
+are in the report file it links). :func:`splice` puts a block in place of the old one. Pure: text in, text out.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ def markers(name: str) -> tuple[str, str]:
 
 
 def block(spec: Spec, placed: Placed) -> str:
-    """The lines between the markers: ``- claim: **verdict** — numbers`` for every claim of ``spec`` (README.md is
-    at the repository root, so the report's path is its link)."""
+    """The lines between the markers: ``- claim: **verdict**`` for every claim of ``spec``, the numbers behind each
+    verdict being in the report it links (README.md is at the repository root, so the report's path is the link)."""
     lines = [f"Claims checked by [{PurePosixPath(spec.output).name}]({spec.output}) (rule: met / not met beyond "
-             f"{spec.rule.k:g}·SE over ≥ {spec.rule.min_seeds} seeds, else inconclusive):"]
+             f"{spec.rule.k:g}·SE over ≥ {spec.rule.min_seeds} seeds, else inconclusive; the numbers are there):"]
     for claim in spec.claims:
         for text, v in evaluate(spec, claim, placed):
-            lines.append(f"- {text}: **{v.verdict}** — {v.detail}.")
+            lines.append(f"- {text}: **{v.verdict}**")
     return "\n".join(lines)
 
 
