@@ -7,6 +7,7 @@ validated by ``prepare`` (no data needed, seconds)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
 
@@ -15,8 +16,10 @@ import pytest
 TUNED_LR = {"fedsgd": 0.1, "sketchedsgd": 1.0, "fedsketch": 0.1}  # results/fedsketch/fedsketch.md, tuning table
 
 
-def sweep_jobs(experiment: str) -> list[dict]:
-    """Every job of ``fedrun -m experiment=<experiment>``: its resolved, validated config."""
+@functools.lru_cache(maxsize=None)
+def sweep_jobs(experiment: str) -> tuple[dict, ...]:
+    """Every job of ``fedrun -m experiment=<experiment>``: its resolved, validated config, in the sweep's order
+    (built once per experiment and test session; do not modify the dicts)."""
     from conftest import CONF_DIR, compose
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -42,7 +45,7 @@ def sweep_jobs(experiment: str) -> list[dict]:
         c = OmegaConf.to_container(compose([f"experiment={experiment}", *combo]), resolve=True)
         prepare(c)
         jobs.append(c)
-    return jobs
+    return tuple(jobs)
 
 
 def describe(c: dict) -> tuple:
@@ -52,6 +55,7 @@ def describe(c: dict) -> tuple:
 
 
 SIZES = [(20, 40), (50, 100)]
+SEEDS = (0, 1, 2)  # hydra.sweeper.params.seed of both figure experiments
 
 
 @pytest.mark.parametrize("experiment,taus,gate", [
@@ -60,23 +64,47 @@ SIZES = [(20, 40), (50, 100)]
 ])
 def test_the_figure_sweep_expands_to_every_intended_run(experiment, taus, gate):
     jobs = sweep_jobs(experiment)
-    got = Counter(describe(c) for c in jobs)
+    got = Counter((*describe(c), c["seed"]) for c in jobs)
     expected = Counter(
         [("fedsgd", None, None, t) for t in taus]  # FedSGD at the sketches' τ (uncompressed FedSKETCH for τ > 1)
         + [("sketchedsgd", None, size, 1) for size in SIZES]  # τ = 1 by design
         + [("fedsketch", u, size, t) for u in ("privix", "heaprix") for size in SIZES for t in taus]
         + [("fedsketchgate", u, size, 1) for u, size in gate])
-    assert got == expected  # no run missing, none twice, no invalid combination
+    assert got == Counter({(*job, seed): 1 for job in expected for seed in SEEDS})  # every job once per seed
+    assert sum(expected.values()) == {"fedsketch_homogeneous": 17, "fedsketch_heterogeneous": 15}[experiment]
+    assert [c["seed"] for c in jobs] == sorted(c["seed"] for c in jobs)  # seeds outermost: whole seeds first
     for c in jobs:
         name = c["scheme"]["name"]
         assert c["skip_finished"] is True and c["dataset"]["name"] == "mnist" and c["num_clients"] == 50
-        assert c["tracking"]["experiment"] == experiment.replace("_", "-") and c["seed"] == 0 and not c["dp"]
+        assert c["tracking"]["experiment"] == experiment.replace("_", "-") and not c["dp"]
         if name == "fedsketchgate":  # the setting under which FedSKETCHGATE ran (README, reduction 5)
             assert (c["lr"], c["scheme"]["server_lr"], c["scheme"]["hashes"]) == (0.01, 10.0, "per_round")
             assert c["sampler"]["_target_"].endswith("AllSampler") and c["rounds"] == 40
         else:
             assert c["lr"] == TUNED_LR[name] and c["scheme"]["server_lr"] == 1.0 and c["rounds"] == 80
             assert c["sampler"]["clients_per_round"] == 25
+
+
+def test_the_seed_sweep_keeps_the_config_hash_of_the_committed_runs():
+    """Adding ``seed: 0,1,2`` to the sweep must not change what a seed-0 job hashes to, or ``skip_finished`` would
+    run the committed FedSGD τ = 2, 5 runs (results/fedsketch/runs/fedsgd_tau) again. The jobs as the sweep
+    builds them (compose + prepare, no training) against the runs' tag ``fedrun.config_hash``."""
+    from fedrun import export as ex
+    from fedrun.checkpoint import config_hash
+
+    from conftest import REPO
+
+    runs, _ = ex.read_export(REPO / "results" / "fedsketch" / "runs" / "fedsgd_tau")
+    assert len(runs) == 3
+    for experiment in ("fedsketch_homogeneous", "fedsketch_heterogeneous"):
+        jobs = {(describe(c), c["seed"]): config_hash(c) for c in sweep_jobs(experiment)}
+        committed = [r for r in runs if r["experiment"] == experiment.replace("_", "-")]
+        assert committed
+        for r in committed:
+            tau = int(r["params.local_steps"])
+            assert r["params.scheme.name"] == "fedsgd" and r["params.seed"] == "0"
+            assert jobs[(("fedsgd", None, None, tau), 0)] == r["tags.fedrun.config_hash"], (experiment, tau)
+            assert jobs[(("fedsgd", None, None, tau), 1)] != r["tags.fedrun.config_hash"]  # the seed is hashed
 
 
 def test_derived_experiments_do_not_inherit_the_figure_sweep():
