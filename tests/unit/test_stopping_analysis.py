@@ -20,3 +20,20 @@ def test_reads_fl_std_dp_as_published_and_applies_its_rule(load_script):
     assert "support the early-stopping explanation" in text
     far = script.rows([_rec(0, "off", (0.6, 0.7, 0.75, 0.78))])
     assert "does not explain" in script.render(far)
+
+
+def test_the_model_size_reading(load_script):
+    script = load_script("kerkouche21_stopping")
+    small = [_rec(s, "off", (0.45, 0.58, 0.61, b)) for s, b in ((0, 0.78), (1, 0.79), (2, 0.80))]
+
+    def large(best):
+        r = _rec(0, "off", (0.3, 0.4, 0.5, best))
+        r["params.model.name"] = "fashion_cnn_1m"
+        return r
+
+    assert "not tested" in script.render(script.rows(small))
+    same = script.render(script.rows(small + [large(0.785)]))
+    assert "does not explain the gap" in same and "| fashion_cnn_1m | 0 | off |" in same
+    assert "fewer than 3 seeds" in same
+    assert "alone could explain" in script.render(script.rows(small + [large(0.62)]))
+    assert "does not by itself give" in script.render(script.rows(small + [large(0.70)]))
