@@ -208,7 +208,7 @@ def test_the_spec_builds_both_figures_tables_and_claims_from_the_exports(tmp_pat
     # README.md's block: the same verdicts
     text = (root / "README.md").read_text()
     line = next(x for x in claims.splitlines() if x.startswith("- more local steps hurt"))
-    assert line.split(" Paper: ")[0] + "\n" in text  # the report's line without the paper's quote
+    assert line.split(" — ")[0] + "\n" in text  # the report's line, verdict only (the numbers stay in the report)
     assert "Claims checked by [figures.md](results/fedsketch/figures.md)" in text
     assert text.count("\n- ") == 48 + 1  # every claim line, and the README's own item
     assert text.startswith("# README\n\n- **002 (FedSKETCH)**: text.\n\n") and text.endswith("\n\nThe end.\n")
