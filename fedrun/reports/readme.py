@@ -6,15 +6,14 @@ Every spec with ``claims`` owns one block of README.md, between the markers
     <!-- /claims: <spec name> -->
 
 :func:`block` renders the block's lines from the claims' verdicts (:func:`fedrun.reports.build.evaluate`: the
-same rule and numbers as the report's own "claims" section), one line per claim and for-each value (its verdict; the numbers
-are in the report file it links). :func:`splice` puts a block in place of the old one. Pure: text in, text out.
+same rule and numbers as the report's own "claims" section), one line per claim and for-each value (its verdict;
+the numbers are in the report file it links). :func:`splice` puts a block in place of the old one. Pure: text in, text out.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
-from typing import Any, Mapping, Sequence
 
 from fedrun.reports.build import Placed, evaluate
 from fedrun.reports.spec import Spec, SpecError
@@ -55,9 +54,3 @@ def names_in(readme: str) -> list[str]:
     """The spec names whose claims blocks ``readme`` has (opening markers)."""
     return re.findall(r"<!-- claims: (\S+) \(generated", readme)
 
-
-def update(readme: str, blocks: Mapping[str, str] | Sequence[tuple[str, str]]) -> str:
-    items: Any = blocks.items() if isinstance(blocks, Mapping) else blocks
-    for name, body in items:
-        readme = splice(readme, name, body)
-    return readme
