@@ -25,14 +25,12 @@ from fedrun.config import ConfigError, check_partition, dp_mode, resolve_default
 from fedrun.data import partition as partitioners
 from fedrun.data.sources import load_dataset
 from fedrun.models.flat import FlatParams
-from fedrun.models.nets import build_model
+from fedrun.models.nets import IMAGE_MODELS, build_model
 from fedrun.rng import numpy_rng
 from fedrun.simulation import AuditSettings, ClientDP, PrivacyCheckFailed, Simulation
 from fedrun.training import ClientData, LocalSpec
 
 log = logging.getLogger("fedrun")
-
-IMAGE_MODELS = ("lenet5", "femnist_cnn", "fashion_cnn", "fashion_cnn_1m", "vgg16")
 
 
 class RunDiverged(FloatingPointError):

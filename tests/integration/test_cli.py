@@ -46,6 +46,9 @@ BAD_VALUES = [
     (["dp=true", "epsilon=1", "delta=2"], "delta=2 is outside (0, 1)"),
     (["sample_rate=1.5"], "sample_rate=1.5 is outside (0, 1]"),
     (["dataset=lending_club", "model=lenet5"], "model=lenet5 does not fit dataset=lending_club"),
+    # the allowed list is derived from the model registry (fedrun.models.nets.IMAGE_MODELS), every image model in it
+    (["dataset=mnist", "model=lr"], "model=lr does not fit dataset=mnist (28×28 images); allowed: lenet5, "
+                                    "femnist_cnn, fashion_cnn, fashion_cnn_1m, vgg16"),
     (["device=tpu"], "device='tpu' is not allowed"),
     (["dataset=lending_club", "scheme=fl_cs"], "scheme=fl_cs does not apply to dataset=lending_club"),
     (["scheme=fbftl", "dp=true"], "dp=true is not available with scheme=fbftl"),
