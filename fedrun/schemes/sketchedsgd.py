@@ -20,10 +20,9 @@ sense of paper 002 (no ``sketch_epsilon``), and ``dp=true`` is refused (the seco
 With an exact heavy-hitter search this is top-m SGD with momentum and error accumulation
 (tests/unit/test_sketchedsgd_reference.py checks it against an independent implementation). At most m
 coordinates move per round: with paper 002's sketches (m = k = 40 or 100 of LeNet-5's 61,706 weights) an
-80-round run can touch at most 5 % (13 %) of the model, which is why it stays near chance there. A larger
-``num_heavy`` (more exact values in the second exchange) learns more: experiment=fedsketch_homogeneous,
-sketch (20, 40), 80 rounds, final (best) test accuracy: m = 40, η = 1: 0.13 (0.22); m = 4,000, η = 0.1:
-0.44 (0.64).
+80-round run can touch at most 5 % (13 %) of the model, which is why it stays near chance there; a larger
+``num_heavy`` (more exact values in the second exchange) learns more. The measured accuracies are in
+results/fedsketch/ (the report of experiment=fedsketch_homogeneous), not here.
 """
 
 from __future__ import annotations
