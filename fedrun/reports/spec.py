@@ -19,7 +19,9 @@ dim's value, its runs are the repetitions, one per replicate value (the newest r
 
 ``values``: named per-run numbers: ``{name: expression}`` or ``{name: {expr: …, when: {dim: value}, label}}``;
 an expression is arithmetic (+ - * / **, numbers) over record keys (``metrics.best_test_accuracy``,
-``params.num_clients``), dims and values defined above it.
+``params.num_clients``), dims and values defined above it, and two functions of a run's per-round history:
+``reach(series.test_accuracy, 0.78)`` (the first round at which it is ≥ 0.78) and ``at(series.uplink_bytes_total,
+rounds)`` (its value at that round), NaN where never reached or not recorded.
 
 ``tables``: ``[{title, rows: [dims], columns: [dims], split: dim, where: {dim: values}, note, drop_empty: true
 (leave out a column empty in every row of a section), cells: [...]}]``;
@@ -259,7 +261,33 @@ class Spec:
 
 # ------------------------------------------------------------------------------------------ expressions
 _NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Name, ast.Attribute, ast.Load,
-          ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.USub, ast.UAdd)
+          ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.USub, ast.UAdd, ast.Call)
+SERIES_PREFIX = "series."
+
+
+def _reach(points: Sequence[tuple[int, float]], target: float) -> float:
+    """The first step whose value is ≥ target (NaN if none, or if the target is NaN)."""
+    if math.isnan(target):
+        return math.nan
+    for step, value in points:
+        if value >= target:
+            return float(step)
+    return math.nan
+
+
+def _at(points: Sequence[tuple[int, float]], step: float) -> float:
+    """The value recorded at exactly this step (NaN if the step was not recorded: an export thinned to every
+    k-th round keeps only those steps)."""
+    if math.isnan(step):
+        return math.nan
+    for s, value in points:
+        if s == step:
+            return float(value)
+    return math.nan
+
+
+# functions of a per-round series (its first argument, ``series.<metric>``) and one number
+SERIES_FUNCTIONS: dict[str, Callable[[Sequence[tuple[int, float]], float], float]] = {"reach": _reach, "at": _at}
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -285,7 +313,11 @@ def as_float(value: Any) -> float:
 
 def compile_expr(text: str, names: Sequence[str], where: str) -> Callable[..., float]:
     """An arithmetic expression over record keys (``metrics.x``, ``params.y.z``, ``tags.t``) and ``names``
-    (dims and values defined before) → fn(record, dims, values) → float (NaN propagates)."""
+    (dims and values defined before) → fn(record, dims, values) → float (NaN propagates).
+
+    Two functions read a run's per-round history (``series``): ``reach(series.test_accuracy, 0.78)``, the first
+    step at which the series is ≥ 0.78, and ``at(series.uplink_bytes_total, step)``, its value at that step;
+    NaN where the series never reaches the target or the step was not recorded."""
     try:
         tree = ast.parse(str(text), mode="eval")
     except SyntaxError:
@@ -299,8 +331,21 @@ def compile_expr(text: str, names: Sequence[str], where: str) -> Callable[..., f
         if isinstance(node, ast.Attribute) and _dotted(node) is None:
             raise SpecError(f"{where}: {text!r}: a dotted name must be a record key like params.r")
     known = set(names)
+    fns = ", ".join(SERIES_FUNCTIONS)
 
     def check(node: ast.AST) -> None:
+        if isinstance(node, ast.Call):
+            name = node.func.id if isinstance(node.func, ast.Name) else None
+            if name not in SERIES_FUNCTIONS:
+                raise SpecError(f"{where}: {text!r}: {ast.unparse(node.func)!r} is not a function here; allowed: {fns}")
+            if node.keywords or len(node.args) != 2:
+                raise SpecError(f"{where}: {text!r}: {name}() takes two arguments: series.<metric> and a number")
+            first = _dotted(node.args[0])
+            if first is None or not first.startswith(SERIES_PREFIX) or first == SERIES_PREFIX:
+                raise SpecError(f"{where}: {text!r}: {name}()'s first argument must be a per-round series like "
+                                f"series.test_accuracy, not {ast.unparse(node.args[0])!r}")
+            check(node.args[1])
+            return
         if isinstance(node, (ast.Name, ast.Attribute)):
             name = _dotted(node)
             if not (name.startswith(RECORD_PREFIXES) or name in known):
@@ -317,6 +362,12 @@ def compile_expr(text: str, names: Sequence[str], where: str) -> Callable[..., f
             return ev(node.body, rec, dims, vals)
         if isinstance(node, ast.Constant):
             return float(node.value)
+        if isinstance(node, ast.Call):
+            from fedrun.tracking import internal_name
+
+            key = internal_name(_dotted(node.args[0])[len(SERIES_PREFIX):])
+            points = (rec.get("series") or {}).get(key, [])
+            return SERIES_FUNCTIONS[node.func.id](points, ev(node.args[1], rec, dims, vals))
         if isinstance(node, (ast.Name, ast.Attribute)):
             name = _dotted(node)
             if name.startswith(RECORD_PREFIXES):

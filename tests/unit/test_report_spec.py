@@ -44,7 +44,13 @@ def test_yaml_keeps_on_and_off_as_text():
     ({"tables": [{"rows": ["seed"], "cells": [{"value": "acc"}]}]}, r"'seed' is the replicate dim"),
     ({"tables": [{"rows": ["scheme"], "cells": [{"value": "acc", "agg": "avg"}]}]}, r"agg: 'avg'; allowed: mean_std"),
     ({"tables": [{"rows": ["scheme"], "cells": [{"value": "accuracy"}]}]}, r"'accuracy' is not a value"),
-    ({"values": {"acc": "metrics.x + __import__('os')"}}, r"values\.acc: .*Call is not allowed"),
+    ({"values": {"acc": "metrics.x + __import__('os')"}}, r"values\.acc: .*only numbers are allowed as constants"),
+    ({"values": {"acc": "metrics.x + exit(1, 2)"}}, r"values\.acc: .*'exit' is not a function here; allowed: reach, at"),
+    ({"values": {"acc": "reach(metrics.best_test_accuracy, 0.5)"}},
+     r"reach\(\)'s first argument must be a per-round series like series\.test_accuracy"),
+    ({"values": {"acc": "at(series.test_accuracy)"}}, r"at\(\) takes two arguments"),
+    ({"values": {"acc": "reach(series.test_accuracy, nope)"}}, r"'nope' is neither a record key"),
+    ({"values": {"acc": "series.test_accuracy * 2"}}, r"'series\.test_accuracy' is neither a record key"),
     ({"values": {"acc": "foo * 2"}}, r"'foo' is neither a record key"),
     ({"paper": [{"at": "scheme=a dp=off", "quantity": "acc", "number": 0.9, "where": "p. 3",
                  "status": "inferred"}]}, r"paper\[0\]: an inferred number needs 'how'"),
@@ -262,3 +268,25 @@ def test_a_log_y_axis_and_no_band_reaching_zero():
     assert lin != log
     assert draw([("p", [line])], "f.svg", yscale="log") == draw([("p", [bare])], "f.svg", yscale="log")
     assert draw([("p", [line])], "f.svg") != draw([("p", [bare])], "f.svg")   # linear: the band is drawn
+
+
+def test_series_functions_read_the_per_round_history():
+    # reach: the first evaluated round at or above the target; at: the value recorded at exactly that round
+    spec = _spec(values={"acc": "metrics.best_test_accuracy", "target": "0.8",
+                         "rounds": "reach(series.test_accuracy, target)",
+                         "uplink": "at(series.uplink_bytes_total, rounds) / 1000"})
+    rec = _rec("a", 0, 0.85)
+    rec["series"] = {"test_accuracy": [(5, 0.5), (10, 0.79), (15, 0.8), (20, 0.85)],
+                     "uplink_bytes_total": [(5, 500.0), (10, 1000.0), (15, 1500.0), (20, 2000.0)]}
+    never = _rec("b", 0, 0.7)
+    never["series"] = {"test_accuracy": [(5, 0.6), (10, 0.7)], "uplink_bytes_total": [(5, 1.0), (10, 2.0)]}
+    thinned = _rec("c", 0, 0.9)   # the uplink kept every 10th round only: the round of the target is not there
+    thinned["series"] = {"test_accuracy": [(5, 0.9), (10, 0.95)], "uplink_bytes_total": [(10, 2.0)]}
+    placed = build.collect(spec, [rec, never, thinned])
+    vals = {r.dims["scheme"]: r.values for r in placed.runs}
+    assert vals["a"]["rounds"] == 15 and vals["a"]["uplink"] == 1.5
+    assert math.isnan(vals["b"]["rounds"]) and math.isnan(vals["b"]["uplink"])
+    assert vals["c"]["rounds"] == 5 and math.isnan(vals["c"]["uplink"])
+    # the MLflow metric name maps to fedrun's (series.<either> reads the same history)
+    nospec = _spec(values={"acc": "metrics.best_test_accuracy", "rounds": "reach(series.test_accuracy, 0.8)"})
+    assert build.collect(nospec, [rec]).runs[0].values["rounds"] == 15
