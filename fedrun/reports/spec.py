@@ -270,7 +270,7 @@ def _reach(points: Sequence[tuple[int, float]], target: float) -> float:
     if math.isnan(target):
         return math.nan
     for step, value in points:
-        if value >= target:
+        if as_float(value) >= target:
             return float(step)
     return math.nan
 
@@ -282,7 +282,7 @@ def _at(points: Sequence[tuple[int, float]], step: float) -> float:
         return math.nan
     for s, value in points:
         if s == step:
-            return float(value)
+            return as_float(value)
     return math.nan
 
 

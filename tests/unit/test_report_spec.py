@@ -287,6 +287,10 @@ def test_series_functions_read_the_per_round_history():
     assert vals["a"]["rounds"] == 15 and vals["a"]["uplink"] == 1.5
     assert math.isnan(vals["b"]["rounds"]) and math.isnan(vals["b"]["uplink"])
     assert vals["c"]["rounds"] == 5 and math.isnan(vals["c"]["uplink"])
+    # MLflow stores an infinite metric as the largest float: read back as infinity, as the summary metrics are
+    inf = _rec("a", 1, 0.85)
+    inf["series"] = {"test_accuracy": [(5, 0.9)], "uplink_bytes_total": [(5, 1.7976931348623157e308)]}
+    assert build.collect(spec, [inf]).runs[0].values["uplink"] == math.inf
     # the MLflow metric name maps to fedrun's (series.<either> reads the same history)
     nospec = _spec(values={"acc": "metrics.best_test_accuracy", "rounds": "reach(series.test_accuracy, 0.8)"})
     assert build.collect(nospec, [rec]).runs[0].values["rounds"] == 15
