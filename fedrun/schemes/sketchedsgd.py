@@ -22,7 +22,7 @@ With an exact heavy-hitter search this is top-m SGD with momentum and error accu
 coordinates move per round: with paper 002's sketches (m = k = 40 or 100 of LeNet-5's 61,706 weights) an
 80-round run can touch at most 5 % (13 %) of the model, which is why it stays near chance there; a larger
 ``num_heavy`` (more exact values in the second exchange) learns more. The measured accuracies are in
-results/fedsketch/ (the report of experiment=fedsketch_homogeneous), not here.
+results/fedsketch/sketchedsgd_heavy.md (experiment=fedsketch_sketchedsgd_heavy), not here.
 """
 
 from __future__ import annotations
