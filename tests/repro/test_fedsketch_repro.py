@@ -1,21 +1,25 @@
 """Paper 002 (FedSKETCH), CI-sized: every method of Figures 1 and 2 on ``experiment=fedsketch_ci``, tracked in a
-fresh MLflow store, then the results pipeline (scripts/fedsketch_report.py) on it. Slow (a few minutes on 2 cores).
+fresh MLflow store, then the results pipeline on it: ``python -m fedrun.report fedsketch --export`` (MLflow →
+export → figures.md, its figures and README's claims block) in a repository-like folder. Slow (a few minutes on
+2 cores).
 
     .venv/bin/python -m pytest -m slow tests/repro/test_fedsketch_repro.py
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from fedrun.report import main as report
+from fedrun.reports import readme
+from fedrun.reports.spec import yaml_load
 from fedrun.run import run
 from fedrun.tracking import MlflowTracker
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
 
 CI_METHODS = [  # (MLflow experiment, overrides)
     ("fedsketch-homogeneous", ["scheme=fedsgd", "local_steps=1"]),
@@ -33,7 +37,7 @@ CI_METHODS = [  # (MLflow experiment, overrides)
 
 
 @pytest.mark.slow
-def test_ci_sized_figures_and_tables(shared_data, tmp_path, load_script):
+def test_ci_sized_figures_and_tables(shared_data, tmp_path):
     from conftest import compose
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -41,15 +45,21 @@ def test_ci_sized_figures_and_tables(shared_data, tmp_path, load_script):
         cfg = compose(["experiment=fedsketch_ci", f"data_root={shared_data}", "progress=off", *overrides])
         summary = run(cfg, tracker=MlflowTracker(uri, experiment), out_dir=tmp_path / f"run{i}")
         assert summary["rounds_completed"] == 3
-    report = load_script("fedsketch_report")
-    out = tmp_path / "results"
-    assert report.main(["--tracking-uri", uri, "--out-dir", str(out)]) == 0
-    text = (out / "fedsketch.md").read_text()
-    for name in ("FedSGD", "SketchedSGD (20, 40)", "FS-PRIVIX (20, 40)", "FS-HEAPRIX (50, 100)",
-                 "FSGATE-HEAPRIX (20, 40)", "uplink compression (measured)", "The paper's claims"):
+    root = tmp_path / "repo"   # the real spec, and a README with its claims block
+    (root / "conf" / "report").mkdir(parents=True)
+    raw = yaml_load((REPO / "conf" / "report" / "fedsketch.yaml").read_text())
+    (root / "conf" / "report" / "fedsketch.yaml").write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
+    start, end = readme.markers("fedsketch")
+    (root / "README.md").write_text(f"# A README\n{start}\n{end}\n")
+    assert report(["fedsketch", "--root", str(root), "--export", "--uri", uri]) == 0
+    out = root / "results" / "fedsketch"
+    assert (out / "runs" / "fedsketch-homogeneous.runs.csv.gz").exists()
+    text = (out / "figures.md").read_text()
+    for name in ("FedSGD", "SketchedSGD", "PRIVIX", "HEAPRIX", "FSGATE", "(20, 40)", "(50, 100)", "compression",
+                 "The paper's claims"):
         assert name in text, name
-    assert (out / "figure1_homogeneous.png").stat().st_size > 10_000
-    assert (out / "figure2_heterogeneous.png").stat().st_size > 10_000
+    assert (out / "figure1_homogeneous.svg").read_bytes().startswith(b"<?xml")
+    assert report(["fedsketch", "--root", str(root), "--check"]) == 0
 
 
 @pytest.mark.slow
