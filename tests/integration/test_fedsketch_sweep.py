@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-TUNED_LR = {"fedsgd": 0.1, "sketchedsgd": 1.0, "fedsketch": 0.1}  # results/fedsketch/fedsketch.md, tuning table
+TUNED_LR = {"fedsgd": 0.1, "sketchedsgd": 1.0, "fedsketch": 0.1}  # results/fedsketch/tuning.md
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,8 +108,26 @@ def test_the_seed_sweep_keeps_the_config_hash_of_the_committed_runs():
 
 
 def test_derived_experiments_do_not_inherit_the_figure_sweep():
-    for experiment in ("fedsketch_tune", "fedsketch_ci", "fedsketch_gate_diag"):
-        assert len(sweep_jobs(experiment)) == 1
+    # each extends a figure experiment but declares its own sweep (or none): none runs the figure's jobs or seeds
+    assert len(sweep_jobs("fedsketch_ci")) == 1
+    tune = sweep_jobs("fedsketch_tune")   # 7 methods × 6 η, seed 0, τ = 1, 30 rounds, homogeneous
+    grid = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+    methods = [("fedsgd", None, None, 1), ("sketchedsgd", None, (20, 40), 1), ("sketchedsgd", None, (50, 100), 1)]
+    methods += [("fedsketch", u, size, 1) for size in SIZES for u in ("privix", "heaprix")]
+    assert Counter((describe(c), c["lr"]) for c in tune) == Counter(itertools.product(methods, grid))
+    assert {(c["seed"], c["rounds"], c["partition"]["name"], c["tracking"]["experiment"]) for c in tune} == {
+        (0, 30, "iid", "fedsketch-tune")}
+    diag = sweep_jobs("fedsketch_gate_diag")   # 5 FedSKETCHGATE runs on 10 workers, all taking part
+    assert [(describe(c)[1:3], c["scheme"]["hashes"], c["scheme"]["num_heavy"], c["lr"]) for c in diag] == [
+        (("privix", (20, 40)), "fixed", None, 0.1), (("privix", (1, 800)), "fixed", None, 0.1),
+        (("heaprix", (1, 800)), "fixed", 61706, 0.1), (("privix", (20, 40)), "per_round", None, 0.1),
+        (("privix", (20, 40)), "per_round", None, 0.03)]
+    assert {(c["scheme"]["name"], c["num_clients"], c["rounds"], c["seed"]) for c in diag} == {
+        ("fedsketchgate", 10, 20, 0)}
+    heavy = sweep_jobs("fedsketch_sketchedsgd_heavy")   # SketchedSGD (20, 40) with m = 40, 400, 4000 × η = 0.1, 1
+    assert Counter((describe(c), c["scheme"]["num_heavy"], c["lr"]) for c in heavy) == Counter(
+        (("sketchedsgd", None, (20, 40), 1), m, lr) for m in (40, 400, 4000) for lr in (0.1, 1.0))
+    assert {(c["seed"], c["rounds"]) for c in heavy} == {(0, 80)}
 
 
 def test_the_lr_table_yields_to_the_command_line():
