@@ -86,25 +86,29 @@ def test_the_figure_sweep_expands_to_every_intended_run(experiment, taus, gate):
 
 
 def test_the_seed_sweep_keeps_the_config_hash_of_the_committed_runs():
-    """Adding ``seed: 0,1,2`` to the sweep must not change what a seed-0 job hashes to, or ``skip_finished`` would
-    run the committed FedSGD τ = 2, 5 runs (results/fedsketch/runs/fedsgd_tau) again. The jobs as the sweep
-    builds them (compose + prepare, no training) against the runs' tag ``fedrun.config_hash``."""
+    """Every committed run of a figure sweep is one of its jobs by ``fedrun.config_hash``, so ``skip_finished``
+    skips it when the sweep runs again: also the seed-0 FedSGD τ = 2, 5 runs made before ``seed: 0,1,2`` was added
+    to the sweep (adding it must not change what a seed-0 job hashes to). The jobs as the sweep builds them
+    (compose + prepare, no training) against the committed exports (results/fedsketch/runs/)."""
     from fedrun import export as ex
     from fedrun.checkpoint import config_hash
 
     from conftest import REPO
 
-    runs, _ = ex.read_export(REPO / "results" / "fedsketch" / "runs" / "fedsgd_tau")
-    assert len(runs) == 3
     for experiment in ("fedsketch_homogeneous", "fedsketch_heterogeneous"):
-        jobs = {(describe(c), c["seed"]): config_hash(c) for c in sweep_jobs(experiment)}
-        committed = [r for r in runs if r["experiment"] == experiment.replace("_", "-")]
-        assert committed
-        for r in committed:
-            tau = int(r["params.local_steps"])
-            assert r["params.scheme.name"] == "fedsgd" and r["params.seed"] == "0"
-            assert jobs[(("fedsgd", None, None, tau), 0)] == r["tags.fedrun.config_hash"], (experiment, tau)
-            assert jobs[(("fedsgd", None, None, tau), 1)] != r["tags.fedrun.config_hash"]  # the seed is hashed
+        jobs = {config_hash(c): (describe(c), c["seed"]) for c in sweep_jobs(experiment)}
+        assert len(jobs) == len(sweep_jobs(experiment))   # the seed is hashed: no two jobs alike
+        runs, _ = ex.read_export(REPO / "results" / "fedsketch" / "runs" / experiment.replace("_", "-"))
+        # the sweep's finished runs (not the SketchedSGD re-runs at η = 0.3, which are not jobs of the sweep)
+        finished = [r for r in runs if r["status"] == "FINISHED"
+                    and not (r["params.scheme.name"] == "sketchedsgd" and r["params.lr"] == "0.3")]
+        assert len(finished) >= 30
+        found = [jobs.get(r["tags.fedrun.config_hash"]) for r in finished]
+        assert None not in found, experiment
+        fedsgd_tau5_seed0 = [r for r in finished if r["params.scheme.name"] == "fedsgd" and r["params.seed"] == "0"
+                             and r["params.local_steps"] == "5"]
+        assert fedsgd_tau5_seed0 and fedsgd_tau5_seed0[0]["start_time"] < min(
+            int(r["start_time"]) for r in finished if r["params.seed"] == "1")   # made before the seeds were swept
 
 
 def test_derived_experiments_do_not_inherit_the_figure_sweep():
