@@ -1,9 +1,9 @@
 """Paper 002's report spec (conf/report/fedsketch.yaml) end to end on a synthetic export of both figure sweeps.
 
 The synthetic runs are shaped like the real ones: each is a copy of a committed FedSGD run
-(results/fedsketch/runs/fedsgd_tau: every param, tag and metric a real run logs, MLflow names) with what the sweep
-job changes (scheme, its sketch size and decoder, τ, η, seed, split, rounds, workers per round, bytes, accuracy);
-the three committed runs themselves are the seed-0 runs of their jobs, as the real export will hold them. Then
+(the seed-0 FedSGD τ = 2, 5 runs of results/fedsketch/runs/fedsketch-*: every param, tag and metric a real run
+logs, MLflow names) with what the sweep job changes (scheme, its sketch size and decoder, τ, η, seed, split, rounds,
+workers per round, bytes, accuracy); the three committed runs themselves are the seed-0 runs of their jobs. Then
 ``python -m fedrun.report fedsketch --root <tmp>`` builds the markdown, the three figures and README.md's claims
 block; ``--check`` passes on what it wrote. No MLflow, no training (seconds).
 """
