@@ -1,5 +1,6 @@
 """Paper 003 end to end: FL, FTL-full, FTL-c and FbFTL through fedrun's own build/run path, with a tiny
-source model trained in the test into a temporary cache, and a CI-sized version of the results table.
+source model trained in the test into a temporary cache, and a CI-sized version of the comparison (the bytes
+every run logs; slow: through MLflow and the generic report).
 
 To stay fast on the 2-core CI machine the datasets are cut to their first few thousand samples (the
 loader is wrapped; partitioning, models, schemes and bytes are fedrun's own), and torch uses one thread.
@@ -13,6 +14,7 @@ import copy
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +29,8 @@ from fedrun.transfer import server as srv
 
 from conftest import compose
 from tolerance import assert_f32_close
+
+REPO = Path(__file__).resolve().parents[2]
 
 F1, F2, N_FEAT, TOTAL = 50_692, 11_014, 120, 61_706
 N_TRAIN, N_TEST = 3000, 500
@@ -306,7 +310,7 @@ def test_cli_reports_a_bad_cut_layer_in_one_line(shared_data, tmp_path):
 # ------------------------------------------------------------------------------------ CI-sized results table
 class RecordsTracker(NullTracker):
     """In-memory tracker giving the flat records fedrun.report.mlflow_records gives (params.*, tags.*,
-    metrics.* = the value at the last step) and the metric histories the table script reads."""
+    metrics.* = the value at the last step) and the metric histories."""
 
     where = "in memory"
 
@@ -333,46 +337,68 @@ class RecordsTracker(NullTracker):
         self.current["status"] = status
 
 
-def _check_table(text: str) -> None:
-    assert "## FEMNIST → MNIST" in text
-    rows = [ln.split("|")[1:-1] for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| scheme")]
-    assert [r[0].strip() for r in rows] == ["FL", "FTL-full", "FTL-c", "FbFTL"]
-    cells = {r[0].strip(): [x.strip() for x in r] for r in rows}
-    assert cells["FL"][1] == f"{2 * PER_ROUND}" and cells["FL"][2] == f"{TOTAL:,}"
-    assert cells["FTL-c"][2] == f"{F2:,}" and cells["FbFTL"][2] == f"{N_FEAT}"
-    assert cells["FbFTL"][1] == f"{N_TRAIN:,}" and cells["FbFTL"][3] == f"{8 * (4 * N_FEAT + 1) / 1e3:.3g} kb"
-    assert cells["FL"][3] == f"{8 * 4 * TOTAL / 1e6:.3g} Mb"
-    # totals: FbFTL uploads N_TRAIN·(481 B); FTL-c 20 uploads of 11,014 floats; FL 20 of 61,706
-    assert cells["FbFTL"][4] == f"{8 * N_TRAIN * 481 / 1e6:.3g} Mb"
-    assert cells["FTL-c"][4] == f"{8 * 20 * 4 * F2 / 1e6:.3g} Mb"
-    assert cells["FL"][4] == cells["FTL-full"][4] == cells["FL"][5] == f"{8 * 20 * 4 * TOTAL / 1e6:.3g} Mb"
-    assert cells["FbFTL"][6] == f"{8 * CLIENTS * 4 * F1 / 1e6:.3g} Mb"  # f¹ to each of the 300 clients
-    assert cells["FbFTL"][7] == cells["FbFTL"][8] == f"{8 * 4 * F1 / 1e6:.3g} Mb"  # one broadcast of f¹
-    for r in rows:
-        assert 0 <= float(r[9]) <= 1 and r[11].strip() == "2"
+def _check_bytes(records: list[dict]) -> None:
+    """What a CI-sized comparison of the four schemes must count, computed by hand from the parameter counts:
+    per upload batch, in total (measured and by the paper's formula) and on the downlink."""
+    by = {r["tags.scheme"]: r for r in records if r["status"] == "FINISHED"}
+    assert set(by) == {"fl", "ftl_full", "ftl_c", "fbftl"}
+    m = lambda s, k: by[s][f"metrics.{k}"]  # noqa: E731
+    # uploads: FedAvg 2 rounds × 10 clients; FbFTL one batch per training sample (features + a uint8 label)
+    assert m("fl", "upload_batches_total") == m("ftl_c", "upload_batches_total") == 2 * PER_ROUND
+    assert m("fbftl", "upload_batches_total") == N_TRAIN
+    assert (m("fl", "params_per_batch"), m("ftl_c", "params_per_batch"), m("fbftl", "params_per_batch")) \
+        == (TOTAL, F2, N_FEAT)
+    assert m("fbftl", "uplink_bytes_per_batch") == 4 * N_FEAT + 1 and m("fl", "uplink_bytes_per_batch") == 4 * TOTAL
+    # totals: FbFTL uploads N_TRAIN·(481 B); FTL-c 20 uploads of 11,014 floats; FL and FTL-full 20 of 61,706
+    assert m("fbftl", "uplink_bytes_total") == N_TRAIN * 481
+    assert m("ftl_c", "uplink_bytes_total") == 20 * 4 * F2
+    assert m("fl", "uplink_bytes_total") == m("ftl_full", "uplink_bytes_total") == 20 * 4 * TOTAL
+    assert m("fl", "paper_uplink_bits") == 8 * 20 * 4 * TOTAL    # uniform sampling: exactly the expected clients
+    # downlink: FbFTL sends f¹ to each of the 300 clients, broadcast once (the paper's formula counts it once)
+    assert m("fbftl", "downlink_bytes_total") == CLIENTS * 4 * F1
+    assert m("fbftl", "downlink_broadcast_bytes_total") * 8 == m("fbftl", "paper_downlink_bits") == 8 * 4 * F1
+    for r in by.values():
+        assert 0 <= r["metrics.test_accuracy"] <= 1 and r["metrics.rounds_completed"] == 2
 
 
-def test_ci_sized_comparison_table(env, tmp_path, load_script):
-    """The results pipeline at CI size: four runs through run(cfg) → records → scripts/fbftl_table.py."""
+def test_ci_sized_comparison_counts_every_byte(env, tmp_path):
+    """The four schemes at CI size through run(cfg): what each run logs for the comparison table."""
     tracker = RecordsTracker()
     for scheme in ("fl", "ftl_full", "ftl_c", "fbftl"):
         run(cfg(env, scheme, "eval_every=2"), tracker=tracker, out_dir=tmp_path / scheme)
-    table = load_script("fbftl_table")
-    pairs = table.build_rows(tracker.records, tracker.histories)
-    assert list(pairs) == ["FEMNIST → MNIST"]
-    text = table.render(pairs, "fedrun -m experiment=... (CI)")
-    assert "fedrun -m experiment=... (CI)" in text
-    _check_table(text)
+    _check_bytes(tracker.records)
 
 
 @pytest.mark.slow
-def test_ci_sized_comparison_table_from_mlflow(env, tmp_path, load_script):
+def test_ci_sized_comparison_table_from_mlflow(env, tmp_path):
+    """The results pipeline at CI size: four runs tracked in MLflow, then ``python -m fedrun.report fbftl
+    --export`` (MLflow → export → table.md) with the real spec, pointed at these runs (2 rounds, one pair)."""
+    import yaml
+
+    from fedrun.report import main as report, mlflow_records
+    from fedrun.reports import readme
+    from fedrun.reports.spec import yaml_load
     from fedrun.tracking import MlflowTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for scheme in ("fl", "ftl_full", "ftl_c", "fbftl"):
         run(cfg(env, scheme, "eval_every=2"), tracker=MlflowTracker(uri, "fbftl-ci"), out_dir=tmp_path / scheme)
-    out = tmp_path / "table.md"
-    assert load_script("fbftl_table").main(["--tracking-uri", uri, "--experiment", "fbftl-ci", "--out", str(out),
-                                 "--command", "fedrun -m experiment=... (CI)"]) == 0
-    _check_table(out.read_text())
+    _check_bytes(mlflow_records(uri, "fbftl-ci"))
+    root = tmp_path / "repo"
+    (root / "conf" / "report").mkdir(parents=True)
+    raw = yaml_load((REPO / "conf" / "report" / "fbftl.yaml").read_text())
+    raw["exports"] = [{"path": "results/fbftl/runs/fbftl-ci", "experiment": "fbftl-ci"}]
+    raw["dims"]["rounds"]["values"] = [ROUNDS]
+    raw["expect"] = [{"target": "mnist", "source": "femnist", "scheme": ["fl", "ftl_full", "ftl_c", "fbftl"],
+                      "rounds": ROUNDS}]
+    (root / "conf" / "report" / "fbftl.yaml").write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
+    start, end = readme.markers("fbftl")
+    (root / "README.md").write_text(f"# A README\n{start}\n{end}\n")
+    assert report(["fbftl", "--root", str(root), "--export", "--uri", uri]) == 0
+    text = (root / "results" / "fbftl" / "table.md").read_text()
+    rows = {ln.split("|")[2].strip(): [x.strip() for x in ln.split("|")[1:-1]]
+            for ln in text.split("## Test accuracy")[0].splitlines() if ln.startswith("| FEMNIST |")}
+    assert list(rows) == ["FL", "FTL-full", "FTL-c", "FbFTL"]
+    assert rows["FbFTL"][2] == f"{N_TRAIN:,} (1)" and rows["FTL-c"][4] == f"{F2:,}"
+    assert rows["FL"][7] == f"{8 * 20 * 4 * TOTAL / 1e9:.4g} (1)"
+    assert report(["fbftl", "--root", str(root), "--check"]) == 0

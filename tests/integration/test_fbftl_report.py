@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 
 import yaml
+from omegaconf import OmegaConf
 
 from fedrun import export as ex
 from fedrun.report import main
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 PAIRS = {"fbftl-femnist-mnist": ("femnist", "mnist"), "fbftl-mnist-fashion": ("mnist", "fashion_mnist")}
 ACC = {("mnist", "fl"): 0.9561, ("mnist", "ftl_full"): 0.9568, ("mnist", "ftl_c"): 0.7848, ("mnist", "fbftl"): 0.8643,
        ("fashion_mnist", "fl"): 0.7625, ("fashion_mnist", "ftl_full"): 0.8015, ("fashion_mnist", "ftl_c"): 0.6840,
-       ("fashion_mnist", "fbftl"): 0.7594}   # results/fbftl/comparison.md's final accuracies (seed 0)
+       ("fashion_mnist", "fbftl"): 0.7594}   # the first single-seed comparison (seed 0; git show 979bf0a:results/fbftl/comparison.md)
 FULL, HEAD, FEATURES, FROZEN = 61706, 11014, 120, 50692   # LeNet-5 cut at body index 9
 ROUNDS, CLIENTS, SAMPLES = 100, 6000, 60000
 
@@ -215,3 +216,24 @@ def test_the_sweep_settings_do_not_change_a_runs_config_hash():
             job = [f"experiment={experiment}", f"scheme={scheme}", "seed=1"]
             before = _hash(job + ["skip_finished=false", "tracking.experiment=fbftl"])
             assert _hash(job) == _hash(job, with_hydra=True) == before
+
+
+def test_the_tuned_sweeps_differ_from_the_fixed_lr_runs_only_by_the_lr_search():
+    """experiment=fbftl_tuned_<pair>: FbFTL only, 3 seeds, tracked in fbftl-tuned, and otherwise the FbFTL job of
+    experiment=fbftl_<pair> with scheme.tune_lrs set: the report's tuned row compares like with like."""
+    from conftest import compose as compose_job
+
+    for pair in ("femnist_mnist", "mnist_fashion"):
+        conf = OmegaConf.load(REPO / "conf" / "experiment" / f"fbftl_tuned_{pair}.yaml")
+        assert dict(OmegaConf.select(conf, "hydra.sweeper.params")) == {"seed": "0,1,2", "scheme": "fbftl"}
+        tuned = OmegaConf.to_container(compose_job([f"experiment=fbftl_tuned_{pair}", "scheme=fbftl", "seed=1"]),
+                                       resolve=True)
+        fixed = OmegaConf.to_container(compose_job([f"experiment=fbftl_{pair}", "scheme=fbftl", "seed=1"]),
+                                       resolve=True)
+        assert tuned["tracking"]["experiment"] == "fbftl-tuned" and fixed["scheme"]["tune_lrs"] is None
+        assert tuned["scheme"]["tune_lrs"] == [0.01, 0.03, 0.1, 0.3]
+        tuned["scheme"]["tune_lrs"], tuned["tracking"] = None, fixed["tracking"]
+        assert tuned == fixed
+    # the report maps the logged text of that list to the tuned row
+    spec = load_spec(REPO / "conf" / "report" / "fbftl_tuned.yaml")
+    assert spec.dims["lr_choice"].map[str([0.01, 0.03, 0.1, 0.3])] == "tuned"

@@ -1,6 +1,6 @@
 """Paper 003 (FbFTL), reduced: the MNIST → Fashion-MNIST experiment of results/fbftl/ with 30 rounds instead
-of 100, all four schemes tracked in a fresh MLflow store, then scripts/fbftl_table.py on it. Checks the paper's
-claims that hold on our data (see results/fbftl/README.md). Slow: about 5 minutes on the 2-core machine
+of 100, all four schemes tracked in a fresh MLflow store, then ``python -m fedrun.report fbftl --export`` on it (the
+real spec pointed at these runs). Checks the paper's claims that hold on our data (see results/fbftl/README.md). Slow: about 5 minutes on the 2-core machine
 (source model trained from scratch into a temporary cache).
 
     .venv/bin/python -m pytest -m slow tests/repro/test_fbftl_repro.py
@@ -9,20 +9,25 @@ claims that hold on our data (see results/fbftl/README.md). Slow: about 5 minute
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from fedrun.report import mlflow_records
+from fedrun.report import main as report, mlflow_records
+from fedrun.reports import readme
+from fedrun.reports.spec import yaml_load
 from fedrun.run import run
 from fedrun.tracking import MlflowTracker
 
+REPO = Path(__file__).resolve().parents[2]
 SCHEMES = ("fl", "ftl_full", "ftl_c", "fbftl")
 ROUNDS = 30
 
 
 @pytest.mark.slow
-def test_mnist_to_fashion_claims(shared_data, tmp_path, monkeypatch, load_script):
+def test_mnist_to_fashion_claims(shared_data, tmp_path, monkeypatch):
     from conftest import compose
 
     monkeypatch.setenv("FEDRUN_CACHE", str(tmp_path / "cache"))
@@ -44,15 +49,23 @@ def test_mnist_to_fashion_claims(shared_data, tmp_path, monkeypatch, load_script
     assert m["fbftl"]("uplink_bytes_total") < m["ftl_c"]("uplink_bytes_total") < m["fl"]("uplink_bytes_total")
     for s in ("fl", "ftl_full", "ftl_c"):  # Poisson sampling: measured ≈ the paper's I·U·C·d·ΣT
         assert abs(8 * m[s]("uplink_bytes_total") / m[s]("paper_uplink_bits") - 1) < 0.05
-    # accuracy (margins from results/fbftl/comparison.md, 100 rounds, and this reduced run)
+    # accuracy (margins from results/fbftl/table.md, 100 rounds, and this reduced run)
     assert m["fbftl"]("source_test_accuracy") > 0.97
     assert m["ftl_full"]("test_accuracy") > m["fl"]("test_accuracy")  # pre-trained f¹ helps at a fixed budget
     assert m["fbftl"]("best_test_accuracy") > m["ftl_c"]("best_test_accuracy")  # server SGD: many more steps
     assert m["fbftl"]("best_test_accuracy") > 0.72
 
-    table = load_script("fbftl_table")
-    out = tmp_path / "table.md"
-    assert table.main(["--tracking-uri", uri, "--experiment", "fbftl-repro", "--out", str(out)]) == 0
-    text = out.read_text()
-    assert "## MNIST → Fashion-MNIST" in text and text.count("\n| F") == 4
+    root = tmp_path / "repo"   # the real spec, pointed at these runs (30 rounds, one pair), and a README block
+    (root / "conf" / "report").mkdir(parents=True)
+    raw = yaml_load((REPO / "conf" / "report" / "fbftl.yaml").read_text())
+    raw["exports"] = [{"path": "results/fbftl/runs/fbftl-repro", "experiment": "fbftl-repro", "every": 5}]
+    raw["dims"]["rounds"]["values"] = [ROUNDS]
+    raw["expect"] = [{"target": "fashion_mnist", "source": "mnist", "scheme": list(SCHEMES), "rounds": ROUNDS}]
+    (root / "conf" / "report" / "fbftl.yaml").write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
+    start, end = readme.markers("fbftl")
+    (root / "README.md").write_text(f"# A README\n{start}\n{end}\n")
+    assert report(["fbftl", "--root", str(root), "--export", "--uri", uri]) == 0
+    text = (root / "results" / "fbftl" / "table.md").read_text()
+    assert "### target Fashion-MNIST" in text and text.count("| MNIST | F") == 4 * 3   # 4 schemes × 3 tables
+    assert report(["fbftl", "--root", str(root), "--check"]) == 0
     assert os.environ["FEDRUN_CACHE"] == str(tmp_path / "cache")

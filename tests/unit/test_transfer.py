@@ -278,23 +278,3 @@ def test_scheme_constructor_errors():
         FbFTL(epochs_per_round=0)
     assert math.isclose(FbFTL(server_lr=0.3).head_lr, 0.3)
     assert np.isfinite(FbFTL().server_momentum)
-
-
-# ------------------------------------------------------------------------------------ the table script
-def test_table_bits_and_first_round_reaching_a_target(load_script):
-    t = load_script("fbftl_table")
-    assert [t.bits(v) for v in (512, 3848, 2.31e8, 2.01e10, 3.216e15)] == ["512 b", "3.85 kb", "231 Mb", "20.1 Gb",
-                                                                           "3.22e+03 Tb"]
-    assert t.bits(None) == t.bits(float("nan")) == "–"
-    hist = {"test_accuracy": [(5, 0.5), (10, 0.8), (15, 0.79), (20, 0.9)],
-            "uplink_bytes_total": [(s, 100.0 * s) for s in range(1, 21)]}
-    assert t.first_reaching(hist, 0.8) == (10, 1000.0)
-    assert t.first_reaching(hist, 0.95) is None
-    recs = [{"run_id": "a", "status": "FINISHED", "start_time": 1, "tags.scheme": "fbftl", "tags.dataset": "mnist",
-             "params.scheme.source_dataset": "femnist"},
-            {"run_id": "b", "status": "FINISHED", "start_time": 2, "tags.scheme": "fbftl", "tags.dataset": "mnist",
-             "params.scheme.source_dataset": "femnist"},
-            {"run_id": "c", "status": "FAILED", "start_time": 3, "tags.scheme": "fbftl", "tags.dataset": "mnist",
-             "params.scheme.source_dataset": "femnist"},
-            {"run_id": "d", "status": "FINISHED", "start_time": 4, "tags.scheme": "fl_std", "tags.dataset": "mnist"}]
-    assert {k: v["run_id"] for k, v in t.latest_runs(recs).items()} == {("FEMNIST → MNIST", "fbftl"): "b"}
