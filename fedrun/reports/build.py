@@ -169,7 +169,7 @@ def place(spec: Spec, record: Mapping[str, Any]) -> tuple[dict[str, Any] | None,
     for name, dim in spec.dims.items():
         if dims[name] is None and name != spec.replicate:
             return None, name
-        if dim.values is not None and dims[name] not in dim.values and name != spec.replicate:
+        if dim.values is not None and dims[name] not in dim.values:   # the replicate's values too (seeds kept)
             return None, name
     return dims, ""
 

@@ -294,3 +294,19 @@ def test_series_functions_read_the_per_round_history():
     # the MLflow metric name maps to fedrun's (series.<either> reads the same history)
     nospec = _spec(values={"acc": "metrics.best_test_accuracy", "rounds": "reach(series.test_accuracy, 0.8)"})
     assert build.collect(nospec, [rec]).runs[0].values["rounds"] == 15
+
+
+def test_the_replicate_dims_values_keep_only_those_seeds():
+    """``values`` on the replicate dim keeps those seeds only (a one-seed budget among runs with more seeds);
+    without ``values`` every seed counts."""
+    recs = [_rec("a", s, 0.80 + 0.01 * s) for s in range(3)]
+    every = _spec()
+    assert [r.dims["seed"] for r in build.collect(every, recs).cells[("a", "off")]] == [0, 1, 2]
+    raw = _spec().dims["seed"]
+    one = _spec(dims={"scheme": {"from": "tags.scheme", "values": ["a", "b", "c"]},
+                      "dp": {"from": "tags.dp", "map": {"client": "on"}, "values": ["off", "on"]},
+                      "seed": {"from": "params.seed", "type": "int", "values": [0]}})
+    assert raw.values is None
+    placed = build.collect(one, recs)
+    assert [r.dims["seed"] for r in placed.cells[("a", "off")]] == [0]
+    assert build.stat([r.values["acc"] for r in placed.cells[("a", "off")]]).n == 1
