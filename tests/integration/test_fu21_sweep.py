@@ -58,3 +58,39 @@ def test_sweep_jobs_are_the_configurations_the_runs_were_made_with(local_steps, 
     by_hand = _resolved(["experiment=fu21_lending_club", "total_iterations=null", "rounds=10", *job])
     assert config_hash(tg10) == config_hash(by_hand) != config_hash(t100)
     assert config_hash(t100) == config_hash({**t100, "skip_finished": False})   # skip_finished is not hashed
+
+
+# ------------------------------------------------------------------------------------------------ FEMNIST
+def test_the_femnist_sweeps_fill_the_cells_the_report_expects():
+    from fedrun.reports.spec import load_spec
+
+    spec = load_spec(REPO / "conf" / "report" / "fu21_femnist.yaml")
+    expect = {(e["sens"][0], e["sweep"][0]): e for e in spec.expect}
+    for experiment, cell in (("fu21_femnist", ("paper_unchecked", "T24")), ("fu21_femnist_tg6", ("paper_unchecked", "Tg6")),
+                             ("fu21_femnist_proven", ("proven", "T24"))):
+        params = _sweep(experiment)
+        assert params["local_dp_sensitivity"] == list(expect[cell]["sens"])
+        assert [int(e) for e in params["local_steps"]] == list(expect[cell]["E"])
+        assert [float(e) for e in params["epsilon"]] == list(expect[cell]["eps"])
+        assert params["seed"] == ["0", "1", "2"]
+    assert len(expect) == 3
+    assert math.prod(len(v) for v in _sweep("fu21_femnist").values()) == 48
+    assert math.prod(len(v) for v in _sweep("fu21_femnist_tg6").values()) == 24
+    assert math.prod(len(v) for v in _sweep("fu21_femnist_proven").values()) == 12
+
+
+def test_a_femnist_tg6_job_is_the_fixed_t_experiment_with_rounds_fixed():
+    job = ["local_steps=2", "epsilon=3", "seed=1", "local_dp_sensitivity=paper_unchecked"]
+    t24 = _resolved(["experiment=fu21_femnist", *job])
+    assert t24["skip_finished"] is True and t24["total_iterations"] == 24 and t24["rounds"] == 12
+    tg6 = _resolved(["experiment=fu21_femnist_tg6", *job])
+    assert tg6["total_iterations"] is None and tg6["rounds"] == 6
+    assert tg6["tracking"]["experiment"] == t24["tracking"]["experiment"] == "fu21-femnist"
+    by_hand = _resolved(["experiment=fu21_femnist", "total_iterations=null", "rounds=6", *job])
+    assert config_hash(tg6) == config_hash(by_hand) != config_hash(t24)
+    # a single run keeps the proven sensitivity; the paper-noise sweeps ask for the paper's, unchecked; the proven
+    # sweep's job is that single run (the same config hash, so skip_finished finds a run made by hand)
+    assert _resolved(["experiment=fu21_femnist"])["local_dp_sensitivity"] == "proven"
+    one = ["local_steps=4", "epsilon=10", "seed=0"]
+    assert config_hash(_resolved(["experiment=fu21_femnist_proven", *one, "local_dp_sensitivity=proven"])) \
+        == config_hash(_resolved(["experiment=fu21_femnist", *one]))

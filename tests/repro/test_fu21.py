@@ -2,24 +2,21 @@
 
 Fast: each experiment config (``experiment=fu21_<dataset>``) run in-process at CI size (tiny T, no tracking).
 Slow (subprocess + a fresh MLflow store cost ~30–50 s on the 2-core CI machine): the same
-``fedrun -m experiment=fu21_<dataset> ...`` command and ``scripts/fu21_tables.py`` call as in results/fu21/,
-with a tiny T, two E values and one seed; and a reduced rerun of the Lending Club thesis.
+``fedrun -m experiment=fu21_<dataset> ...`` command as in results/fu21/, with a tiny T, two E values and one seed,
+read back from MLflow as the report reads it; and a reduced rerun of the Lending Club thesis.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import runpy
+import statistics
 import subprocess
 import sys
 
 import pytest
 
 from conftest import REPO, compose
-
-TABLES = runpy.run_path(str(REPO / "scripts" / "fu21_tables.py"), run_name="fu21_tables")
-
 
 def _fedrun(tmp_path, shared_data, *overrides: str) -> None:
     env = {**os.environ, "FEDRUN_DATA": str(shared_data)}
@@ -28,16 +25,11 @@ def _fedrun(tmp_path, shared_data, *overrides: str) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
 
 
-def _tables(tmp_path, experiment: str) -> tuple[str, list[dict]]:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    out = tmp_path / "results" / "table.md"
-    assert TABLES["main"](["--tracking-uri", uri, "--experiment", experiment, "--out", str(out),
-                           "--command", "fedrun -m ..."]) == 0
+def _records(tmp_path, experiment: str) -> list[dict]:
+    """The finished runs of the sweep, as ``python -m fedrun.report`` reads them (summary metrics by fedrun's names)."""
     from fedrun.report import mlflow_records
 
-    records = TABLES["dedupe"](mlflow_records(uri, experiment))
-    TABLES["add_noise_history"](records, uri)
-    return out.read_text(), records
+    return [r for r in mlflow_records(f"sqlite:///{tmp_path}/mlflow.db", experiment) if r["status"] == "FINISHED"]
 
 
 @pytest.mark.parametrize("experiment,overrides,mechanism", [
@@ -65,14 +57,14 @@ def test_experiment_config_runs_ci_size(tmp_path, shared_data, experiment, overr
 def test_lending_club_command_ci_size(tmp_path, shared_data):
     _fedrun(tmp_path, shared_data, "-m", "experiment=fu21_lending_club", "local_steps=1,5", "epsilon=3", "seed=0",
             "total_iterations=10")
-    text, records = _tables(tmp_path, "fu21-lending-club")
-    assert len(records) == 2 and all(r["status"] == "FINISHED" for r in records)
-    rows = TABLES["aggregate"](records, "test_mse")
-    assert {(r["epsilon"], r["E"], r["rounds"]) for r in rows} == {(3.0, 1, 10), (3.0, 5, 2)}
-    for r in rows:
-        assert math.isfinite(r["mean"]) and r["mean"] > 0
+    records = _records(tmp_path, "fu21-lending-club")
+    assert len(records) == 2
+    assert {(float(r["params.epsilon"]), int(r["params.local_steps"]), int(r["params.rounds"])) for r in records} \
+        == {(3.0, 1, 10), (3.0, 5, 2)}
+    for r in records:
+        assert math.isfinite(r["metrics.test_mse"]) and r["metrics.test_mse"] > 0
         # Laplace, basic composition of what was added: every engaged client spent exactly its budget
-        assert r["ldp_epsilon_max"] == pytest.approx(3.0)
+        assert r["metrics.ldp_epsilon_max"] == pytest.approx(3.0)
     # per-round ε logged from the accountant: non-decreasing, ending at the budget
     from mlflow.tracking import MlflowClient
 
@@ -80,23 +72,19 @@ def test_lending_club_command_ci_size(tmp_path, shared_data):
     hist = [m.value for m in MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_metric_history(noisy["run_id"],
                                                                                                   "epsilon")]
     assert len(hist) == 10 and hist == sorted(hist) and hist[-1] == pytest.approx(3.0)
-    assert "fixed T = E·T_g = 10" in text and "| 3 |" in text and "best E" in text
-    assert (tmp_path / "results" / "table_T10.png").stat().st_size > 1000
 
 
 @pytest.mark.slow
 def test_femnist_command_ci_size(tmp_path, shared_data):
     _fedrun(tmp_path, shared_data, "-m", "experiment=fu21_femnist", "local_steps=1,2", "epsilon=inf,10", "seed=0",
             "total_iterations=2", "clients_per_round=2")
-    text, records = _tables(tmp_path, "fu21-femnist")
-    rows = TABLES["aggregate"](records, "test_accuracy")
-    assert len(rows) == 4
-    for r in rows:
-        assert 0 <= r["mean"] <= 1
-        if math.isfinite(r["epsilon"]):
-            assert r["ldp_epsilon_pld_max"] <= r["ldp_epsilon_rdp_max"]
-            assert r["ldp_noise_item_var_mean"] == pytest.approx(r["ldp_noise_item_var_formula_mean"], rel=0.05)
-    assert "final test accuracy" in text
+    records = _records(tmp_path, "fu21-femnist")
+    assert len(records) == 4
+    for r in records:
+        assert 0 <= r["metrics.test_accuracy"] <= 1
+        if math.isfinite(float(r["params.epsilon"])):
+            assert r["metrics.ldp_epsilon_pld_max"] <= r["metrics.ldp_epsilon_rdp_max"]
+            assert r["metrics.ldp_noise_item_var"] == pytest.approx(r["metrics.ldp_noise_item_var_formula"], rel=0.05)
 
 
 @pytest.mark.slow
@@ -106,6 +94,7 @@ def test_lending_club_thesis_reduced(tmp_path, shared_data):
     iterations at fixed T beat E = 1; the largest E (one round) is worst."""
     _fedrun(tmp_path, shared_data, "-m", "experiment=fu21_lending_club", "local_steps=1,5,100", "epsilon=3",
             "seed=0,1,2", "local_dp_sensitivity=paper_unchecked")
-    _, records = _tables(tmp_path, "fu21-lending-club")
-    rows = {r["E"]: r["mean"] for r in TABLES["aggregate"](records, "test_mse")}
+    records = _records(tmp_path, "fu21-lending-club")
+    rows = {e: statistics.mean(r["metrics.test_mse"] for r in records if int(r["params.local_steps"]) == e)
+            for e in (1, 5, 100)}
     assert rows[5] < rows[1] and rows[5] < rows[100]

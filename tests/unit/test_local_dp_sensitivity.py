@@ -10,14 +10,13 @@ the paper's L1 sensitivity allows while the L2 condition holds.
 from __future__ import annotations
 
 import logging
-import runpy
 
 import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import REPO, compose
+from conftest import compose
 from fedrun.config import ConfigError
 from fedrun.dp import LocalDP, make_local_dp
 from fedrun.models.flat import FlatParams
@@ -262,21 +261,3 @@ def test_lending_club_state_fails_the_check_at_the_papers_step(shared_data):
     default = build(cfg()).sim.local_dp
     assert default.sensitivity_choice.name == "proven"
     assert default.summary()["ldp_two_over_beta_min"] == pytest.approx(ok["ldp_two_over_beta_min"], rel=1e-12)
-
-
-# ------------------------------------------------------------------------ results/fu21 tables say which
-def test_fu21_tables_state_the_sensitivity_and_refuse_to_mix():
-    tables = runpy.run_path(str(REPO / "scripts" / "fu21_tables.py"), run_name="fu21_tables")
-
-    def rec(sens, **metrics):
-        return {"params.dp": "local_laplace", "params.lr": "0.2", "params.local_dp_sensitivity": sens,
-                **{f"metrics.{k}": v for k, v in metrics.items()}}
-
-    suffix, text = tables["sensitivity_statement"]([rec("proven", ldp_sensitivity_conditional=0.0,
-                                                        ldp_two_over_beta_min=0.1709, ldp_two_over_beta_min_client=32)])
-    assert suffix == " — sensitivity proven" and "`proven`" in text and "conditional" not in text
-    assert "min 2/β_l = 0.1709 (client 32) against η = 0.2 — it fails" in text
-    suffix, text = tables["sensitivity_statement"]([rec("paper_unchecked", ldp_sensitivity_conditional=1.0)])
-    assert "ε conditional" in suffix and "conditional on that unchecked assumption" in text and "L1" in text
-    with pytest.raises(ValueError, match="different local_dp_sensitivity"):
-        tables["sensitivity_statement"]([rec("proven"), rec("paper_unchecked")])
