@@ -201,3 +201,22 @@ def test_a_missing_export_or_bad_spec_is_one_line(tmp_path, capsys):
     assert main(["t3", "--root", str(root)]) == 2
     err = capsys.readouterr().err.strip()
     assert "t3.yaml: tables[0].rows: 'ratio' is not a dim" in err and "\n" not in err
+
+
+# ------------------------------------------------------------------- tables made by a script from committed data
+def test_the_script_made_tables_regenerate_from_their_committed_data(load_script):
+    """The two results tables that are analyses of committed run data rather than spec reports: FL-STD-DP read
+    the paper's way (scripts/kerkouche21_stopping.py, from Table III's and the model-size sweep's exports) and
+    the privacy audit (scripts/audit_table.py, from its committed records)."""
+    import json
+
+    from fedrun.export import load
+
+    stopping = load_script("kerkouche21_stopping")
+    out = REPO / "results" / "kerkouche21"
+    text = stopping.render(stopping.rows(load(stopping.EXPORTS)))
+    assert text == (out / "fl_std_dp_stopping.md").read_text(), \
+        "python scripts/kerkouche21_stopping.py --out results/kerkouche21/fl_std_dp_stopping.md"
+    audit = load_script("audit_table")
+    assert audit.render(json.loads((out / "audit_runs.json").read_text())) == (out / "audit.md").read_text(), \
+        "python scripts/audit_table.py"
