@@ -94,3 +94,18 @@ def test_a_femnist_tg6_job_is_the_fixed_t_experiment_with_rounds_fixed():
     one = ["local_steps=4", "epsilon=10", "seed=0"]
     assert config_hash(_resolved(["experiment=fu21_femnist_proven", *one, "local_dp_sensitivity=proven"])) \
         == config_hash(_resolved(["experiment=fu21_femnist", *one]))
+
+
+@pytest.mark.parametrize("suffix", ["", "_tg10"])
+def test_the_paper_noise_experiments_are_the_sweeps_with_the_papers_sensitivity(suffix):
+    """experiment=fu21_lending_club_paper_unchecked[_tg10] is fu21_lending_club[_tg10] with
+    local_dp_sensitivity=paper_unchecked: the same sweep, and the same config hash as that command line (so a run
+    made either way is finished for the other)."""
+    conf = OmegaConf.load(REPO / "conf" / "experiment" / f"fu21_lending_club_paper_unchecked{suffix}.yaml")
+    assert OmegaConf.select(conf, "hydra") is None   # the parent's sweep, inherited whole
+    assert list(conf.defaults) == [f"fu21_lending_club{suffix}", "_self_"]
+    job = ["local_steps=5", "epsilon=3", "seed=2"]
+    named = _resolved([f"experiment=fu21_lending_club_paper_unchecked{suffix}", *job])
+    by_hand = _resolved([f"experiment=fu21_lending_club{suffix}", "local_dp_sensitivity=paper_unchecked", *job])
+    assert named["local_dp_sensitivity"] == "paper_unchecked"
+    assert config_hash(named) == config_hash(by_hand)
