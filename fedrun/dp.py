@@ -370,28 +370,6 @@ def _model_name(c: dict) -> str:
     return str(c.get("dataset", {}).get("default_model", name)) if name == "auto" else name
 
 
-def _training_features(c: dict, parts: list[np.ndarray]) -> np.ndarray:
-    """The training rows the clients' ``parts`` index, loaded as ``fedrun.run.build`` loads them (same dataset
-    arguments, same validation hold-out). Used when the caller does not pass ``x_train``."""
-    from fedrun.data import sources
-    from fedrun.rng import numpy_rng
-
-    ds_cfg = c["dataset"]
-    dataset = sources.load_dataset(ds_cfg["name"], c.get("data_root"), femnist_leaf_dir=ds_cfg.get("leaf_dir"),
-                                   lending_club_csv=ds_cfg.get("csv"))
-    x = np.asarray(dataset.x_train, dtype=np.float64)
-    if c.get("patience", 0) > 0:  # fedrun.run.build holds this split out before partitioning
-        n = len(dataset.y_train)
-        perm = numpy_rng(int(c["seed"]), "validation").permutation(n)
-        n_val = max(1, int(round(n * float(c["validation_fraction"]))))
-        x = x[np.sort(perm[n_val:])]
-    largest = max((int(np.max(p)) for p in parts if len(p)), default=-1)
-    if largest >= len(x) or sum(len(p) for p in parts) > len(x):
-        raise ConfigError(f"local_dp_sensitivity: the clients' samples do not index the {len(x)} training rows "
-                          f"reloaded for the 2/β_l check; pass x_train to make_local_dp")
-    return x
-
-
 def _choose_sensitivity(c: dict, mode: str, mechanism: str, requested: str, spec: LocalSpec,
                         parts: list[np.ndarray], participations: np.ndarray, x_train) -> SensitivityChoice:
     """Which Δ the run uses (module doc); one-line ConfigError where ``paper`` is asked for and not verified."""
@@ -399,7 +377,7 @@ def _choose_sensitivity(c: dict, mode: str, mechanism: str, requested: str, spec
     linear = model == "lr" and spec.loss == "mse"
     check = None
     if linear:  # 2/β_l of every client that uploads (n_l ≥ 1, T_l ≥ 1): logged whatever was requested
-        x = np.asarray(x_train, dtype=np.float64) if x_train is not None else _training_features(c, parts)
+        x = np.asarray(x_train, dtype=np.float64)
         uploading = [l for l, p in enumerate(parts) if len(p) > 0 and participations[l] > 0]
         if uploading:
             check = nonexpansive_check(x, parts, float(spec.lr), uploading)
@@ -442,11 +420,10 @@ def _choose_sensitivity(c: dict, mode: str, mechanism: str, requested: str, spec
 
 
 def make_local_dp(c: dict, mode: str, sampler, parts: list[np.ndarray], spec: LocalSpec,
-                  x_train=None) -> LocalDP:
+                  x_train) -> LocalDP:
     """The local-DP object for ``dp=local_laplace|local_gaussian`` from the resolved config (one-line errors).
 
-    ``x_train``: the training rows ``parts`` index (only read for the linear model's 2/β_l check); without it
-    they are reloaded as ``fedrun.run.build`` loads them.
+    ``x_train``: the training rows ``parts`` index (only read for the linear model's 2/β_l check).
     """
     mechanism = mode.removeprefix("local_")
     if mechanism not in MECHANISMS:
