@@ -1,47 +1,29 @@
-r"""Empirical privacy audit from canary clients: canaries, their scores, and ε from the scores.
+r"""Empirical privacy audit from canary clients: canaries, their scores, and a lower bound on ε from the scores.
 
 Pure math (torch / numpy / scipy): no I/O; randomness comes in as a ``torch.Generator``.
 
-Setting (issue 13 item 7). The run inserts canary clients whose transmitted vector is a random direction of
-L2 norm S, the clipping bound of the client-level DP sum, in the domain that sum clips (the transmitted
-vector of dimension d; ``make_canaries``). Each canary is included at random with probability 1/2 (needed by
-``steinke``) or a known set is included and another set is held out (enough for ``andrew``). After the one
-training run every canary is scored by its cosine with the observed vector (``canary_scores``): the sum over
-rounds of the aggregated noisy update in the same domain, or the final model delta. The scores must be
-oriented so that inserted canaries score *higher*: if the observed vector is a descent-convention model delta
-θ_T − θ_0 (θ ← θ − η·update), pass its negative, as Andrew et al.'s code does ("negative cosines").
+Setting. The run inserts canary clients whose transmitted vector is a random direction of L2 norm S, the
+clipping bound of the client-level DP sum, in the domain that sum clips (the transmitted vector of dimension d;
+``make_canaries``). Each canary is included at random with probability 1/2. After the one training run every
+canary is scored by its cosine with the observed vector (``canary_scores``): e.g. a round's aggregated noisy
+update in the same domain, or the final model delta. The scores must be oriented so that inserted canaries
+score *higher*: if the observed vector is a descent-convention model delta θ_T − θ_0 (θ ← θ − η·update), pass
+its negative.
 
-Two ways to turn the scores into ε at the run's δ (``audit_epsilon``):
-
-* ``"andrew"`` — Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar, "One-shot Empirical Privacy Estimation for
-  Federated Learning", ICLR 2024 (arXiv:2302.03098). Alg. 1 (Gaussian mechanism): cosines g_j of the inserted
-  canaries with the output, μ̂, σ̂ their mean and standard deviation, ε̂ = ε(N(0, 1/d) ‖ N(μ̂, σ̂²); δ): the ε(δ)
-  of the pair of Gaussians. The null N(0, 1/d) is the law of the cosine of a uniform unit vector with any fixed
-  vector, √d·cos → N(0, 1) (their Thm 3.1); for the Gaussian mechanism with o(d) clients and canaries ε̂
-  converges to the mechanism's ε (their Thm 3.3). For FL (their Alg. 2, "final model" threat model) the same
-  estimator is applied to the cosines with the final model delta, fitting the held-out ("unseen") canaries'
-  cosines as the second Gaussian instead of N(0, 1/d) when they are available (Alg. 3, all iterates, uses the
-  max over rounds of per-round cosines — compute those and pass them here: the estimator is the same).
-  There is no per-round rescaling in the final-model variant: a canary inserted in k of T rounds adds k·S to
-  ⟨c/S, Σ_t ρ_t⟩ while the noise adds N(0, Tσ²S²), so √d·cos ≈ N(k/(√T·σ), 1) — the T-fold composition
-  (μ = √T/σ for k = T) is already in the statistic; and ε of a pair of Gaussians is invariant under any
-  common affine map of the scores, so no √d or S factor is needed either. This is what the authors' released
-  code does (google-research/federated, one_shot_epe: negated cosines of the canaries with the final model,
-  ``epsilon_two_gaussians``, ``epsilon_closed_form_null_gaussian_alt`` for the N(0, 1/d) null). It is an
-  *estimate* (consistent as d → ∞), not a bound that holds with a stated confidence.
-* ``"steinke"`` — Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023
-  (arXiv:2305.08846). Each of m canaries is included independently with probability 1/2; the auditor guesses
-  "in" for the k₊ highest scores, "out" for the k₋ lowest, and abstains otherwise (their Alg. 1); with r
-  guesses and v of them correct, their main theorem for (ε, δ)-DP bounds
-      P[W ≥ v] ≤ f(v) + 2mδ · max_{i=1..m} (f(v − i) − f(v))/i,   f(v) = P[Binomial(r, e^ε/(1 + e^ε)) ≥ v],
-  so the largest ε whose p-value is below β = 1 − confidence is rejected: a lower bound at confidence 1 − β.
-  ``steinke_p_value`` / ``steinke_epsilon`` follow the code of their Appendix D (``p_value_DP_audit``,
-  ``get_eps_audit``; max over i ≤ v suffices since f(v − i) = 1 for i ≥ v), solved with Brent's method
-  instead of 30 bisections. Like their experiments we sweep the number of guesses and keep the best bound;
-  unlike a bare maximum, each of the G settings is tested at level β/G (Bonferroni), so the reported bound
-  holds at confidence 1 − β; the uncorrected maximum is kept as ``epsilon_unadjusted`` for comparison.
-  The bound is valid whatever the mechanism but loose: with m canaries it cannot exceed
-  logit(β^{1/r}) (all r ≤ m guesses right), ≈ 5.2 for r = 900, β = 0.05/7.
+The scores and the inclusion mask give ε at the run's δ (``audit_epsilon``, method ``"steinke"``): Steinke,
+Nasr, Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023 (arXiv:2305.08846). Each of m
+canaries is included independently with probability 1/2; the auditor guesses "in" for the k₊ highest scores,
+"out" for the k₋ lowest, and abstains otherwise (their Alg. 1); with r guesses and v of them correct, their main
+theorem for (ε, δ)-DP bounds
+    P[W ≥ v] ≤ f(v) + 2mδ · max_{i=1..m} (f(v − i) − f(v))/i,   f(v) = P[Binomial(r, e^ε/(1 + e^ε)) ≥ v],
+so the largest ε whose p-value is below β = 1 − confidence is rejected: a lower bound at confidence 1 − β.
+``steinke_p_value`` / ``steinke_epsilon`` follow the code of their Appendix D (``p_value_DP_audit``,
+``get_eps_audit``; max over i ≤ v suffices since f(v − i) = 1 for i ≥ v), solved with Brent's method instead of
+30 bisections. Like their experiments we sweep the number of guesses and keep the best bound; unlike a bare
+maximum, each of the G settings is tested at level β/G (Bonferroni), so the reported bound holds at confidence
+1 − β; the uncorrected maximum is kept as ``epsilon_unadjusted`` for comparison. The bound is valid whatever the
+mechanism but loose: with m canaries it cannot exceed logit(β^{1/r}) (all r ≤ m guesses right), ≈ 5.2 for
+r = 900, β = 0.05/7.
 """
 
 from __future__ import annotations
@@ -54,21 +36,15 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from scipy import optimize, special, stats
+from scipy import optimize, special
 from torch import Tensor
 
 __all__ = [
     "AUDIT_METHODS",
     "AuditResult",
-    "GaussianFit",
     "SteinkeFit",
     "make_canaries",
     "canary_scores",
-    "gdp_delta",
-    "gdp_epsilon",
-    "gaussians_delta",
-    "gaussians_epsilon",
-    "andrew_estimate",
     "steinke_p_value",
     "steinke_epsilon",
     "steinke_guesses",
@@ -77,10 +53,9 @@ __all__ = [
     "audit_epsilon",
 ]
 
-AUDIT_METHODS = ("andrew", "steinke")
+AUDIT_METHODS = ("steinke",)
 ScoresLike = Tensor | np.ndarray | Sequence[float]
 _XTOL = 1e-10
-_MAX_DOUBLINGS = 60
 
 
 # -------------------------------------------------------------------------------------------------- checks
@@ -100,13 +75,6 @@ def _check_nonnegative(name: str, value: float) -> float:
     if not (isinstance(value, numbers.Real) and not math.isnan(value) and value >= 0):
         raise ValueError(f"{name}={value!r} is outside [0, inf]")
     return float(value)
-
-
-def _check_mu(mu: float) -> float:
-    """|μ| (μ-GDP is symmetric in the sign of the shift)."""
-    if not (isinstance(mu, numbers.Real) and not math.isnan(mu)):
-        raise ValueError(f"mu={mu!r} is outside [-inf, inf]; it must be a real number")
-    return abs(float(mu))
 
 
 def _check_open_unit(name: str, value: float) -> float:
@@ -172,184 +140,6 @@ def canary_scores(canaries: Tensor, observed: Tensor) -> Tensor:
     if not bool(torch.all(c_norms > 0)):
         raise ValueError("canaries has a zero row; every canary must have norm in (0, inf)")
     return (c @ o) / (c_norms * o_norm)
-
-
-# ------------------------------------------------------------------------------------- ε of Gaussian pairs
-def _log_delta_from_masses(epsilon: float, log_p: float, log_q: float) -> float:
-    """log(P[A] − e^ε·Q[A]) from log P[A], log Q[A]; −inf when the difference is ≤ 0."""
-    gap = epsilon + log_q - log_p
-    if not gap < 0 or log_p == -math.inf:
-        return -math.inf
-    return log_p + math.log1p(-math.exp(gap))
-
-
-def _gdp_log_delta(epsilon: float, mu: float) -> float:
-    if mu == 0:
-        return -math.inf
-    log_p = float(stats.norm.logcdf(-epsilon / mu + mu / 2))
-    log_q = float(stats.norm.logcdf(-epsilon / mu - mu / 2))
-    return _log_delta_from_masses(epsilon, log_p, log_q)
-
-
-def gdp_delta(epsilon: float, mu: float) -> float:
-    """δ(ε) of μ-GDP (Dong, Roth, Su 2022, Cor. 2.13): Φ(−ε/μ + μ/2) − e^ε·Φ(−ε/μ − μ/2).
-
-    μ-GDP is the privacy of N(0, 1) vs N(μ, 1); the Gaussian mechanism with sensitivity Δ and noise std s is
-    (Δ/s)-GDP. Computed in log space (stable for large ε).
-    """
-    epsilon = _check_nonnegative("epsilon", epsilon)
-    mu = _check_mu(mu)
-    if math.isinf(mu):
-        return 1.0
-    return math.exp(_gdp_log_delta(epsilon, mu))
-
-
-def _solve_epsilon(log_delta_of_eps, delta: float) -> float:
-    """Smallest ε ≥ 0 with δ(ε) ≤ delta for a decreasing δ(ε) given in log space."""
-    target = math.log(delta)
-    if log_delta_of_eps(0.0) <= target:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    for _ in range(_MAX_DOUBLINGS):
-        if log_delta_of_eps(hi) <= target:
-            break
-        lo, hi = hi, 2 * hi
-    else:  # pragma: no cover - δ(ε) → 0 as ε → ∞ for every finite pair
-        return math.inf
-
-    def f(eps: float) -> float:
-        value = log_delta_of_eps(eps)
-        return max(value, -1e300) - target  # −inf (δ = 0) → a large negative number brentq accepts
-
-    return float(optimize.brentq(f, lo, hi, xtol=_XTOL, rtol=4 * np.finfo(float).eps))
-
-
-def gdp_epsilon(mu: float, delta: float) -> float:
-    """ε(δ) of μ-GDP: the root of ``gdp_delta(ε, μ) = δ`` (0 when δ(0) ≤ δ)."""
-    mu = _check_mu(mu)
-    delta = _check_open_unit("delta", delta)
-    if math.isinf(mu):
-        return math.inf
-    return _solve_epsilon(lambda eps: _gdp_log_delta(eps, mu), delta)
-
-
-def _log_mass(lo: float, hi: float, mean: float, std: float) -> float:
-    """log P[lo < Y < hi] for Y ~ N(mean, std²), accurate in both tails."""
-    a, b = (lo - mean) / std, (hi - mean) / std
-    if a >= b:
-        return -math.inf
-    if a > 0:  # both in the upper tail: use survival functions
-        la, lb = float(stats.norm.logsf(a)), float(stats.norm.logsf(b))
-        return la + math.log1p(-math.exp(lb - la)) if lb < la else -math.inf
-    la, lb = float(stats.norm.logcdf(a)), float(stats.norm.logcdf(b))
-    return lb + math.log1p(-math.exp(la - lb)) if la < lb else -math.inf
-
-
-def _log_mass_outside(lo: float, hi: float, mean: float, std: float) -> float:
-    """log P[Y < lo or Y > hi] for Y ~ N(mean, std²), lo ≤ hi."""
-    return float(np.logaddexp(stats.norm.logcdf((lo - mean) / std), stats.norm.logsf((hi - mean) / std)))
-
-
-def _hockey_stick_log(epsilon: float, mp: float, sp: float, mq: float, sq: float) -> float:
-    """log of H_{e^ε}(P‖Q) = P[L > ε] − e^ε·Q[L > ε], P = N(mp, sp²), Q = N(mq, sq²), L = log p/q.
-
-    L(y) = a·y² + b·y + c is quadratic: a = 1/(2sq²) − 1/(2sp²), b = mp/sp² − mq/sq²,
-    c = mq²/(2sq²) − mp²/(2sp²) + log(sq/sp). {L > ε} is a half-line (a = 0), the outside of the roots
-    (a > 0) or the inside (a < 0) — the computation of Andrew et al.'s ``_log_delta_two_gaussians``.
-    """
-    a = 0.5 / sq**2 - 0.5 / sp**2
-    b = mp / sp**2 - mq / sq**2
-    c = 0.5 * (mq / sq) ** 2 - 0.5 * (mp / sp) ** 2 + math.log(sq / sp) - epsilon
-    if a == 0:
-        if b == 0:
-            return -math.inf  # P = Q: L ≡ 0 ≤ ε
-        t = -c / b
-        lo, hi = (t, math.inf) if b > 0 else (-math.inf, t)
-        log_p, log_q = _log_mass(lo, hi, mp, sp), _log_mass(lo, hi, mq, sq)
-        return _log_delta_from_masses(epsilon, log_p, log_q)
-    disc = b * b - 4 * a * c
-    if disc <= 0:
-        # a > 0: L > ε everywhere (δ = 1 − e^ε ≤ 0); a < 0: nowhere. Both give δ = 0.
-        return -math.inf
-    root = math.sqrt(disc)
-    q = -0.5 * (b + math.copysign(root, b))  # stable quadratic roots q/a and c/q
-    r1, r2 = q / a, (c / q if q != 0 else -q / a)
-    lo, hi = min(r1, r2), max(r1, r2)
-    if a > 0:
-        log_p, log_q = _log_mass_outside(lo, hi, mp, sp), _log_mass_outside(lo, hi, mq, sq)
-    else:
-        log_p, log_q = _log_mass(lo, hi, mp, sp), _log_mass(lo, hi, mq, sq)
-    return _log_delta_from_masses(epsilon, log_p, log_q)
-
-
-def _pair_log_delta(epsilon: float, m1: float, s1: float, m0: float, s0: float) -> float:
-    # DP is symmetric (add or remove a client): the larger of the two hockey-stick divergences.
-    return max(_hockey_stick_log(epsilon, m1, s1, m0, s0), _hockey_stick_log(epsilon, m0, s0, m1, s1))
-
-
-def gaussians_delta(epsilon: float, mean_in: float, std_in: float, mean_out: float, std_out: float) -> float:
-    """δ(ε) of the pair N(mean_in, std_in²), N(mean_out, std_out²): max of the hockey-stick divergences both ways.
-
-    For std_in = std_out = s this is μ-GDP with μ = |mean_in − mean_out|/s (``gdp_delta``).
-    """
-    epsilon = _check_nonnegative("epsilon", epsilon)
-    std_in = _check_positive_finite("std_in", std_in)
-    std_out = _check_positive_finite("std_out", std_out)
-    return math.exp(_pair_log_delta(epsilon, float(mean_in), std_in, float(mean_out), std_out))
-
-
-def gaussians_epsilon(mean_in: float, std_in: float, mean_out: float, std_out: float, delta: float) -> float:
-    """ε(δ) of the pair N(mean_in, std_in²), N(mean_out, std_out²) (Andrew et al.'s ``epsilon_two_gaussians``)."""
-    std_in = _check_positive_finite("std_in", std_in)
-    std_out = _check_positive_finite("std_out", std_out)
-    delta = _check_open_unit("delta", delta)
-    m1, m0 = float(mean_in), float(mean_out)
-    return _solve_epsilon(lambda eps: _pair_log_delta(eps, m1, std_in, m0, std_out), delta)
-
-
-# ------------------------------------------------------------------------------------------------- Andrew
-@dataclass(frozen=True)
-class GaussianFit:
-    """Andrew et al.'s fit: the two Gaussians, μ = (mean_in − mean_out)/std_out and ε(δ) of the pair."""
-
-    mean_in: float
-    std_in: float
-    mean_out: float
-    std_out: float
-    mu: float
-    epsilon: float
-
-
-def andrew_estimate(
-    scores_in: ScoresLike,
-    scores_out: ScoresLike | None = None,
-    *,
-    delta: float,
-    dim: int | None = None,
-) -> GaussianFit:
-    """One-shot ε estimate (Andrew et al. 2024, Alg. 1–2): fit N(μ₁, s₁²) to the inserted canaries' scores and
-    N(μ₀, s₀²) to the held-out ones (or use the null N(0, 1/dim) of Thm 3.1 when ``scores_out`` is None), then
-    ε(δ) of the pair. Standard deviations use ddof = 1. ``mu`` is the shift in units of the held-out std: the
-    GDP μ when the two variances agree (1/σ for the Gaussian mechanism with noise multiplier σ).
-    """
-    delta = _check_open_unit("delta", delta)
-    s_in = _scores("scores_in", scores_in, 2)
-    mean_in, std_in = float(np.mean(s_in)), float(np.std(s_in, ddof=1))
-    if scores_out is None:
-        if dim is None:
-            raise ValueError("scores_out=None needs dim (the null N(0, 1/dim)); dim must be in [1, inf)")
-        dim = _check_int_at_least("dim", dim, 1)
-        mean_out, std_out = 0.0, 1.0 / math.sqrt(dim)
-    else:
-        s_out = _scores("scores_out", scores_out, 2)
-        mean_out, std_out = float(np.mean(s_out)), float(np.std(s_out, ddof=1))
-    if not (std_in > 0 and std_out > 0):
-        # Degenerate fit (all scores equal): perfectly separated unless the means agree too.
-        if mean_in == mean_out:
-            return GaussianFit(mean_in, std_in, mean_out, std_out, 0.0, 0.0)
-        return GaussianFit(mean_in, std_in, mean_out, std_out, math.copysign(math.inf, mean_in - mean_out), math.inf)
-    eps = gaussians_epsilon(mean_in, std_in, mean_out, std_out, delta)
-    return GaussianFit(mean_in, std_in, mean_out, std_out, (mean_in - mean_out) / std_out, eps)
 
 
 # ------------------------------------------------------------------------------------------------ Steinke
@@ -477,28 +267,21 @@ def steinke_bound(
 # ------------------------------------------------------------------------------------------------- entry
 @dataclass(frozen=True)
 class AuditResult:
-    """What ``audit_epsilon`` found. ``epsilon``: the estimate (andrew) or the lower bound at ``confidence``
-    (steinke). Fields of the other method are None."""
+    """What ``audit_epsilon`` found: ``epsilon``, the lower bound at ``confidence``, and the guessing game that gave
+    it (``steinke_bound``)."""
 
     method: str
     epsilon: float
     delta: float
-    confidence: float | None
+    confidence: float
     num_in: int
     num_out: int
-    # andrew
-    mean_in: float | None = None
-    std_in: float | None = None
-    mean_out: float | None = None
-    std_out: float | None = None
-    mu: float | None = None
-    # steinke
-    k_plus: int | None = None
-    k_minus: int | None = None
-    guesses: int | None = None
-    correct: int | None = None
-    num_tests: int | None = None
-    epsilon_unadjusted: float | None = None
+    k_plus: int
+    k_minus: int
+    guesses: int
+    correct: int
+    num_tests: int
+    epsilon_unadjusted: float
 
 
 def audit_epsilon(
@@ -509,18 +292,14 @@ def audit_epsilon(
     delta: float,
     confidence: float = 0.95,
     method: str = "steinke",
-    dim: int | None = None,
     guess_grid: Sequence[tuple[int, int]] | None = None,
 ) -> AuditResult:
-    """ε of the run from canary scores, at the run's δ.
+    """Lower bound on ε of the run from canary scores, at the run's δ: ``steinke_bound`` at ``confidence``.
 
     Give either ``scores`` = inserted canaries' scores and ``scores_out`` = held-out canaries' scores, or
-    ``scores`` = all canaries' scores and ``included`` = their inclusion mask (1 = inserted). ``method``:
-
-    * ``"andrew"``: ``andrew_estimate`` — an estimate; ``confidence`` is not used (result.confidence is None).
-      With neither ``scores_out`` nor ``included``, ``dim`` selects the null N(0, 1/dim).
-    * ``"steinke"``: ``steinke_bound`` at ``confidence``; inclusion must have been drawn independently with
-      probability 1/2 per canary (with ``scores_out``, the two lists are those of such a draw).
+    ``scores`` = all canaries' scores and ``included`` = their inclusion mask (1 = inserted). Inclusion must have
+    been drawn independently with probability 1/2 per canary (with ``scores_out``, the two lists are those of
+    such a draw). ``method`` must be one of ``AUDIT_METHODS``.
     """
     if method not in AUDIT_METHODS:
         raise ValueError(f"method={method!r} is not one of {AUDIT_METHODS}")
@@ -534,22 +313,13 @@ def audit_epsilon(
         s_in, s_out = s[inc], s[~inc]
     elif scores_out is not None:
         s_in, s_out = s, _scores("scores_out", scores_out, 1)
-    elif method == "andrew" and dim is not None:
-        s_in, s_out = s, None
     else:
-        raise ValueError(f"method={method!r} needs scores_out or included" + (" or dim" if method == "andrew" else ""))
-    num_out = 0 if s_out is None else s_out.size
-    if method == "andrew":
-        fit = andrew_estimate(s_in, s_out, delta=delta, dim=dim)
-        return AuditResult(
-            "andrew", fit.epsilon, delta, None, s_in.size, num_out,
-            mean_in=fit.mean_in, std_in=fit.std_in, mean_out=fit.mean_out, std_out=fit.std_out, mu=fit.mu,
-        )
+        raise ValueError(f"method={method!r} needs scores_out or included")
     all_scores = np.concatenate([s_in, s_out])
-    mask = np.concatenate([np.ones(s_in.size, bool), np.zeros(num_out, bool)])
+    mask = np.concatenate([np.ones(s_in.size, bool), np.zeros(s_out.size, bool)])
     fit = steinke_bound(all_scores, mask, delta=delta, confidence=confidence, guess_grid=guess_grid)
     return AuditResult(
-        "steinke", fit.epsilon, delta, confidence, s_in.size, num_out,
+        "steinke", fit.epsilon, delta, confidence, s_in.size, s_out.size,
         k_plus=fit.k_plus, k_minus=fit.k_minus, guesses=fit.guesses, correct=fit.correct,
         num_tests=fit.num_tests, epsilon_unadjusted=fit.epsilon_unadjusted,
     )
