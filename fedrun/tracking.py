@@ -8,11 +8,7 @@
   any job starts (MLflow's SQLite store races when several processes create it at once); every job's
   run carries the parent's id (``mlflow.parentRunId``) and the tag ``fedrun.sweep``; its name carries the
   swept values (``fl_cs-fashion_mnist r=0.05``).
-* Metric names in MLflow (:func:`metric_name`): the key metrics keep their names (MLflow's "Model metrics"
-  section of a run's charts), diagnostics go under a prefix (``dp/…``, ``decoder/…``, ``sketch/…``,
-  ``partition/…``, ``local_dp/…``, ``summary/…``): MLflow's run page groups charts by the part before "/"
-  (MLflow 3.17 lists the prefixed groups alphabetically, then "Model metrics"). The summary dict, metrics.csv
-  and :func:`fedrun.report.mlflow_records` keep fedrun's own names (:func:`internal_name` maps back).
+* Metric names in MLflow: :mod:`fedrun.metric_names`.
 * The UI (:func:`runs_table_url`, ``python -m fedrun.tracking ui-url``): the experiment is tagged as model
   training and holds a saved runs-table view (tag ``mlflow.sharedViewState.fedrun``: key metrics and swept
   parameters as columns, runs not folded under their sweep); the URLs fedrun prints open it.
@@ -28,69 +24,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from fedrun.metric_names import internal_name, metric_name  # noqa: F401 - internal_name: fedrun.report/export read it here
+
 DEFAULT_URI = "sqlite:///mlflow.db"
 PARENT_FILE = "mlflow_parent_run.txt"
 SWEPT_FILE = "mlflow_swept_keys.txt"  # the sweep's swept override keys, one a line (for the jobs' run names)
-
-
-# ------------------------------------------------------------------------------------ metric names in MLflow
-#: Per-round metrics a researcher comes for: logged under their own names (MLflow's "Model metrics" section and
-#: plain column names in the runs table); every other metric goes under a prefix, into a group of its own.
-KEY_METRICS = ("test_accuracy", "test_mse", "test_loss", "train_loss", "val_accuracy", "val_mse", "epsilon",
-               "audit_epsilon_lower",
-               "uplink_bytes_total", "uplink_bytes", "downlink_bytes_total", "downlink_bytes", "cost_bits",
-               "round_seconds")
-#: The run summary's own numbers (one value at the last round): ``summary/…``.
-SUMMARY_METRICS = ("best_test_accuracy", "best_test_mse", "best_round", "cost_bits_at_best", "uplink_bytes_at_best",
-                   "rounds_completed", "uplink_bytes_final", "downlink_bytes_final", "epsilon_final",
-                   "epsilon_at_best", "stopped_round")
-#: Diagnostics with a name of their own (the rest follow :data:`PREFIX_RULES`).
-RENAMED = {
-    "clients": "sampling/clients",
-    "epsilon_rdp": "dp/epsilon_rdp", "epsilon_pld": "dp/epsilon_pld",
-    "sketch_epsilon": "sketch/epsilon",
-    "gate_c_mean_norm": "sketch/gate_c_mean_norm", "gate_c_rms_norm": "sketch/gate_c_rms_norm",
-    "tune_best_val_accuracy": "server/tune_best_val_accuracy",
-    "upload_batches_total": "comm/upload_batches_total", "params_per_batch": "comm/params_per_batch",
-    "uplink_bytes_per_batch": "comm/uplink_bytes_per_batch",
-    "downlink_broadcast_bytes_total": "comm/downlink_broadcast_bytes_total",
-    "uploading_clients": "comm/uploading_clients", "uploaded_samples": "comm/uploaded_samples",
-    "frozen_params": "transfer/frozen_params", "feature_dim": "transfer/feature_dim", "cut_layer": "transfer/cut_layer",
-}
-#: fedrun name prefix → MLflow group (client-level DP, local DP, the FL-CS decoder, …).
-PREFIX_RULES = (("audit_", "audit/"), ("partition_", "partition/"), ("ldp_", "local_dp/"), ("dp_", "dp/"), ("cs_", "decoder/"),
-                ("server_", "server/"), ("source_", "transfer/source_"), ("label_", "leakage/label_"),
-                ("paper_", "comm/paper_"))
-OTHER = "other/"  # a metric nobody placed yet (tests/unit/test_tracking.py fails on it)
-_UNRENAMED = {v: k for k, v in RENAMED.items()}
-
-
-def metric_name(name: str) -> str:
-    """fedrun's metric name (summary key, metrics.csv column) → its MLflow name."""
-    if name in KEY_METRICS or "/" in name:
-        return name
-    if name in SUMMARY_METRICS:
-        return "summary/" + name
-    if name in RENAMED:
-        return RENAMED[name]
-    for prefix, group in PREFIX_RULES:
-        if name.startswith(prefix):
-            return group + name[len(prefix):]
-    return OTHER + name
-
-
-def internal_name(name: str) -> str:
-    """MLflow metric name → fedrun's name (the inverse of :func:`metric_name`; other names pass unchanged)."""
-    if name in _UNRENAMED:
-        return _UNRENAMED[name]
-    if name.startswith("summary/"):
-        return name[len("summary/"):]
-    if name.startswith(OTHER):
-        return name[len(OTHER):]
-    for prefix, group in sorted(PREFIX_RULES, key=lambda rule: -len(rule[1])):
-        if name.startswith(group):
-            return prefix + name[len(group):]
-    return name
 
 
 # ------------------------------------------------------------------------------------------ the UI

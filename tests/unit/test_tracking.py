@@ -1,4 +1,4 @@
-"""fedrun.tracking: metric names in MLflow, the UI's URLs, the saved runs-table view, sweep run names.
+"""fedrun.tracking and fedrun.metric_names: metric names in MLflow, the UI's URLs, the saved runs-table view, sweep run names.
 
 The naming test drives fedrun.run.run on tiny synthetic federations (no data loading, no MLflow store): every
 metric a run logs, per round and in its summary, for client-level DP, FL-CS, the sketch schemes and local DP,
@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from fedrun import tracking as t
-from fedrun.tracking import (KEY_METRICS, OTHER, RENAMED, SUMMARY_METRICS, internal_name, metric_name, run_url,
-                             runs_table_url, sweep_suffix, swept_keys, ui_base, view_columns, view_tag_value)
+from fedrun.metric_names import KEY_METRICS, OTHER, RENAMED, SUMMARY_METRICS, internal_name, metric_name
+from fedrun.tracking import run_url, runs_table_url, sweep_suffix, swept_keys, ui_base, view_columns, view_tag_value
 
 
 # ------------------------------------------------------------------------------------------ names
@@ -232,7 +232,7 @@ def test_every_metric_a_run_logs_is_a_key_metric_or_in_a_group(kind, groups, mon
     fr.run(dict(RUN_CONFIG), tracker=rec, out_dir=tmp_path)
     mlflow_names = {metric_name(n) for n in rec.names}
     assert {"test_accuracy", "train_loss", "uplink_bytes_total", "summary/best_test_accuracy"} <= mlflow_names
-    assert not [n for n in mlflow_names if n.startswith(OTHER)], "metrics nobody placed: add them to fedrun.tracking"
+    assert not [n for n in mlflow_names if n.startswith(OTHER)], "metrics nobody placed: add them to fedrun.metric_names"
     assert all(n in KEY_METRICS or "/" in n for n in mlflow_names)
     for g in groups:
         assert any(n.startswith(g) for n in mlflow_names), (g, sorted(mlflow_names))
