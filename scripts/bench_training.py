@@ -13,8 +13,8 @@ in the same process and run, not against a number from elsewhere.
 Each round of the vectorized path is also split into local training (the time spent inside the trainer: inside
 each ``next()`` of ``sim.trainer.train``'s generator, or inside ``train_sequential``) and everything outside it:
 client selection, encoding, aggregation with DP clipping and noise, decoding (FL-CS's L1 reconstruction), the
-model update and the privacy accounting (``sim.epsilon()``). ``OVERHEAD_TARGETS`` holds the issue's ceilings on
-that outside share. On CUDA the clock synchronizes the device at each boundary, so asynchronous kernels are
+model update and the privacy accounting (``sim.epsilon()``). ``OVERHEAD_TARGETS`` holds the ceilings on that
+outside share. On CUDA the clock synchronizes the device at each boundary, so asynchronous kernels are
 charged to the phase that launched them; the vectorized path's peak CUDA memory of a timed round is reported too.
 
 ``memory``: peak resident memory (RSS) of one round of FEMNIST-CNN training with 350 clients per round and
@@ -81,7 +81,7 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
 #: settings ``speed`` runs by default (``--settings all``): the 1,000-clients-per-round one is for GPUs
 DEFAULT_SETTINGS = [name for name in SETTINGS if name != "fl_std_lenet_1000"]
 
-#: issue 14's ceilings on the share of a vectorized round spent outside local training, in percent
+#: the targets: ceilings on the share of a vectorized round spent outside local training, in percent
 OVERHEAD_TARGETS: dict[str, float] = {"fl_std_lenet": 15.0, "fl_std_lenet_1000": 15.0, "fl_std_dp": 15.0,
                                       "fl_cs_dp": 30.0}
 
@@ -213,7 +213,7 @@ def bench_setting(name: str, args) -> dict:
     what, overrides = SETTINGS[name]
     base = torch.get_num_threads()
     vec, seq = build_sim(overrides, args, True), build_sim(overrides, args, False)
-    vmap = build_sim(overrides, args, True, ["batched_layers=false"])  # the vectorized path before issue 14
+    vmap = build_sim(overrides, args, True, ["batched_layers=false"])  # every model through torch.func vmap
     threads = [1, base] if (base > 1 and args.device == "cpu") else [base]
     time_round(vec, 1), time_round(seq, 1), time_round(vmap, 1)  # warm-up: allocations, vmap tracing, solver set-up
     tv, ts, tm = [], {n: [] for n in threads}, []
@@ -238,7 +238,7 @@ def bench_setting(name: str, args) -> dict:
 
 
 def overhead_line(rows: list[dict]) -> str:
-    """The issue's targets on the outside-training share, and whether each benchmarked one is met."""
+    """The targets on the outside-training share (``OVERHEAD_TARGETS``), and whether each benchmarked one is met."""
     parts = []
     for r in rows:
         target = OVERHEAD_TARGETS.get(r["name"])

@@ -7,7 +7,7 @@
    missing): at least one must run, none may be skipped, all must pass.
 3. The speed benchmark (``scripts/bench_training.py speed --device cuda``) at 100 clients per round
    (``fl_std_lenet``) and at 1,000 (``fl_std_lenet_1000``): LeNet-5 / Fashion-MNIST, 10 local SGD steps of batch
-   10. Targets (issue 14): a round of 1,000 clients in ≤ 0.2 s, ≥ 40× the sequential path on the same GPU, and
+   10. Targets: a round of 1,000 clients in ≤ 0.2 s, ≥ 40× the sequential path on the same GPU, and
    ≤ 15 % of a round outside local training.
 4. The memory benchmark (``bench_training.py memory --device cuda``: peak device memory of one 350-client
    FEMNIST round per chunk size).

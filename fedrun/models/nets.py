@@ -85,7 +85,7 @@ class FashionCNN(_Sequential):
 
 class FashionCNN1M(FashionCNN):
     """The same CNN with a 640-unit dense layer: 1,023,818 parameters, the order (n ≈ 10⁶) of paper 000's
-    unpublished model, to test whether FL-STD-DP's accuracy depends on the model's size (issue 15)."""
+    unpublished model, to test whether FL-STD-DP's accuracy depends on the model's size."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
         super().__init__(num_classes, in_channels, hidden=640)

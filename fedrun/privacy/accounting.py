@@ -17,8 +17,8 @@ only (``epsilon("pld")``/``summary()``: rebuilt from the grouped event list, cac
 Bounded cost, whatever the parameters (σ → 0 or huge, q → 0 or 1, up to 1e18 rounds, any δ in (0, 1)):
 every call — compute_epsilon, gaussian_composition_epsilon, PrivacyAccountant.epsilon/summary, with "rdp" or
 "pld" — answers with a valid upper bound on ε (possibly ``math.inf``) or raises a one-line ``ValueError``
-naming the bad value and what is allowed; none allocates without bound. (Before, a PLD for σ = 1e-6,
-q = 0.25 asked numpy for 35.5 PiB; a smaller ask would have exhausted the machine.)
+naming the bad value and what is allowed; none allocates without bound (an unplanned PLD for σ = 1e-6,
+q = 0.25 would ask numpy for 35.5 PiB).
 
 * A PLD grid has ≈ (privacy-loss range)/(discretization) points: one Gaussian release spans
   ≈ 1/σ² + 20/σ (sensitivity 1, tails cut at e⁻⁵⁰; about half with subsampling), T releases without

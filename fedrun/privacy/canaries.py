@@ -71,8 +71,8 @@ class Canaries:
             return out
         scores = self.observed.cpu().numpy()
         lower = audit_epsilon(scores, included=self.included, delta=delta, confidence=confidence, method="steinke")
-        # Andrew et al.'s Gaussian-fit estimate is not logged: it assumes every inserted canary is in every round,
-        # while these take part with probability q (a mixture, not a Gaussian), and it is an estimate, not a bound
+        # the bound only: a Gaussian-fit estimate (Andrew et al.) would assume every inserted canary is in every
+        # round, while these take part with probability q (a mixture, not a Gaussian), and it is no bound
         out.update({"audit_epsilon_lower": float(lower.epsilon), "audit_guesses": float(lower.guesses),
                     "audit_correct": float(lower.correct), "audit_confidence": float(confidence)})
         return out
