@@ -210,12 +210,6 @@ def git_state(path: Path | None = None, max_file_bytes: int = 1 << 20) -> tuple[
     return sha, bool(diff), diff
 
 
-def git_commit(path: Path | None = None) -> str:
-    """The checkout's commit (with ``+dirty`` when tracked files changed or untracked files exist), or ``unknown``."""
-    sha, dirty, _ = git_state(path)
-    return sha + ("+dirty" if dirty else "") if sha != "unknown" else sha
-
-
 def flatten(d: Any, prefix: str = "") -> dict[str, str]:
     """Nested dict/list → {"a.b.c": "value"} for MLflow params."""
     out: dict[str, str] = {}
@@ -501,44 +495,15 @@ class SweepCallback(Callback):
 
 
 # ------------------------------------------------------------------------------- python -m fedrun.tracking
-def _sqlite_experiments(path: Path) -> list[tuple[str, str, bool, int]]:
-    """(id, name, has fedrun's view, active runs) of each active experiment, read-only from MLflow's SQLite
-    tables (no mlflow import, no migration: ``make ui`` prints its URLs at once)."""
-    import sqlite3
-
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        exps = con.execute("SELECT experiment_id, name FROM experiments WHERE lifecycle_stage = 'active' "
-                           "ORDER BY experiment_id").fetchall()
-        views = {str(e) for (e,) in con.execute("SELECT experiment_id FROM experiment_tags WHERE key = ?",
-                                                 (VIEW_TAG,))}
-        counts = {str(e): n for e, n in con.execute("SELECT experiment_id, COUNT(*) FROM runs WHERE "
-                                                     "lifecycle_stage = 'active' GROUP BY experiment_id")}
-    finally:
-        con.close()
-    return [(str(e), name, str(e) in views, counts.get(str(e), 0)) for e, name in exps]
-
-
 def store_urls(uri: str | None = None, base: str | None = None) -> list[tuple[str, str, int]]:
-    """(experiment name, runs-table URL, number of runs) for each experiment of a store that has runs.
-
-    A SQLite store is read directly (and not created when it does not exist: empty list); another store
-    through MLflow (counting up to 1000 runs).
-    """
-    uri = resolve_uri(uri)
-    base = base or ui_base(uri)
-    if uri.startswith("sqlite:///"):
-        path = Path(uri[len("sqlite:///"):])
-        if not path.exists():
-            return []
-        try:
-            found = _sqlite_experiments(path)
-        except Exception:  # noqa: BLE001 - an unexpected schema: ask MLflow below
-            found = None
-        if found is not None:
-            return [(name, runs_table_url(base, e, view=has_view), n) for e, name, has_view, n in found if n]
+    """(experiment name, runs-table URL, number of runs, counted up to 1000) for each experiment of a store that has
+    runs. A SQLite store that does not exist is not created (empty list)."""
     from mlflow.tracking import MlflowClient
 
+    uri = resolve_uri(uri)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        return []
+    base = base or ui_base(uri)
     client = MlflowClient(tracking_uri=uri)
     out = []
     for exp in client.search_experiments():

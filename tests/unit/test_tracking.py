@@ -84,27 +84,24 @@ def test_store_urls_of_a_missing_sqlite_store_creates_nothing(tmp_path):
     assert not db.exists()
 
 
-def test_ui_url_command_reads_the_store_without_mlflow(tmp_path, capsys):
-    """A store with MLflow's tables (as MLflow 3 writes them): one experiment with runs and fedrun's view."""
-    import sqlite3
+def test_ui_url_command_lists_the_experiments_with_runs(tmp_path, capsys):
+    """A real store: one experiment with runs and fedrun's view, one deleted, one empty, MLflow's Default."""
+    from mlflow.tracking import MlflowClient
 
-    db = tmp_path / "mlflow.db"
-    con = sqlite3.connect(db)
-    con.executescript("""
-        CREATE TABLE experiments (experiment_id INTEGER, name TEXT, lifecycle_stage TEXT);
-        CREATE TABLE experiment_tags (key TEXT, value TEXT, experiment_id INTEGER);
-        CREATE TABLE runs (run_uuid TEXT, experiment_id INTEGER, lifecycle_stage TEXT);
-        INSERT INTO experiments VALUES (0, 'Default', 'active'), (1, 'fedrun', 'active'), (2, 'gone', 'deleted');
-        INSERT INTO experiment_tags VALUES ('mlflow.sharedViewState.fedrun', '{}', 1);
-        INSERT INTO runs VALUES ('a', 1, 'active'), ('b', 1, 'active'), ('c', 1, 'deleted'), ('d', 2, 'active');
-    """)
-    con.commit()
-    con.close()
-    assert t.main(["ui-url", "--uri", f"sqlite:///{db}", "--port", "5001"]) == 0
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp = t.prepare_store(uri, "fedrun")
+    client = MlflowClient(tracking_uri=uri)
+    client.create_run(exp), client.create_run(exp)
+    client.delete_run(client.create_run(exp).info.run_id)
+    gone = client.create_experiment("gone")
+    client.create_run(gone)
+    client.delete_experiment(gone)
+    client.create_experiment("empty")
+    assert t.main(["ui-url", "--uri", uri, "--port", "5001"]) == 0
     out = capsys.readouterr().out
-    assert ("runs table of experiment 'fedrun' (2 runs): http://127.0.0.1:5001/#/experiments/1/runs?"
+    assert (f"runs table of experiment 'fedrun' (2 runs): http://127.0.0.1:5001/#/experiments/{exp}/runs?"
             "workflowType=machine_learning&viewStateShareKey=fedrun") in out
-    assert "Default" not in out and "gone" not in out
+    assert "Default" not in out and "gone" not in out and "empty" not in out
 
 
 # ------------------------------------------------------------------------------------------ the saved view
