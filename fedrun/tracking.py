@@ -9,8 +9,8 @@
   run carries the parent's id (``mlflow.parentRunId``) and the tag ``fedrun.sweep``; its name carries the
   swept values (``fl_cs-fashion_mnist r=0.05``).
 * Metric names in MLflow: :mod:`fedrun.metric_names`.
-* The UI (:func:`runs_table_url`, ``python -m fedrun.tracking ui-url``): the experiment is tagged as model
-  training and holds a saved runs-table view (tag ``mlflow.sharedViewState.fedrun``: key metrics and swept
+* The UI (:func:`runs_table_url`, ``python -m fedrun.tracking ui-url``): the URLs open the "Model training"
+  runs table (``workflowType=machine_learning``) in a saved runs-table view (tag ``mlflow.sharedViewState.fedrun``: key metrics and swept
   parameters as columns, runs not folded under their sweep); the URLs fedrun prints open it.
 """
 
@@ -32,8 +32,6 @@ SWEPT_FILE = "mlflow_swept_keys.txt"  # the sweep's swept override keys, one a l
 
 
 # ------------------------------------------------------------------------------------------ the UI
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3: which UI an experiment opens in
-EXPERIMENT_KIND = "custom_model_development"  # "Model training" (the runs table), not the GenAI overview
 VIEW_KEY = "fedrun"
 VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY  # a saved runs-table view (MLflow UI's "Views" menu)
 VIEW_NAME = "fedrun: runs and key metrics"
@@ -130,9 +128,7 @@ def view_state_columns(tag_value: str | None) -> list[str]:
 
 def setup_experiment(client, experiment_id: str, tags: dict[str, str], swept: Sequence[str] = (),
                      groups: Sequence[str] = ()) -> None:
-    """Tag the experiment as model training (if it has no kind yet) and add ``swept`` to its saved view."""
-    if EXPERIMENT_KIND_TAG not in tags:
-        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    """Add ``swept`` to the experiment's saved view (create it if missing)."""
     old = tags.get(VIEW_TAG)
     state, created = _view_of(old)
     have = list(state.get("selectedColumns", []))
@@ -294,7 +290,7 @@ def prepare_store(uri: str, experiment: str, swept: Sequence[str] = (), groups: 
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         try:
-            client.create_experiment(experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+            client.create_experiment(experiment)
         except Exception:  # noqa: BLE001 - created meanwhile by another process
             pass
         exp = client.get_experiment_by_name(experiment)
@@ -360,17 +356,14 @@ class MlflowTracker:
             all_tags["fedrun.sweep"] = self.sweep
         run = self.client.create_run(self.experiment_id, tags=all_tags, run_name=run_name)
         self.run_id = run.info.run_id
-        items = [Param(k, v[:6000]) for k, v in params.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[i:i + 100])
+        self.client.log_batch(self.run_id, params=[Param(k, v[:6000]) for k, v in params.items()])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         batch = [Metric(metric_name(k), float(v), now, int(step)) for k, v in metrics.items() if v is not None]
-        for i in range(0, len(batch), 500):
-            self.client.log_batch(self.run_id, metrics=batch[i:i + 500])
+        self.client.log_batch(self.run_id, metrics=batch)  # MLflow splits it into requests it accepts
         self.latest.update({k: float(v) for k, v in metrics.items() if v is not None})
 
     def log_artifact(self, path: Path) -> None:

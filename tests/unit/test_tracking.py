@@ -132,13 +132,10 @@ class FakeClient:
         self.tags[key] = value
 
 
-def test_setup_experiment_tags_the_kind_once_and_merges_swept_columns():
+def test_setup_experiment_merges_swept_columns():
     c = FakeClient()
     t.setup_experiment(c, "1", {}, swept=["r"])
-    assert c.tags[t.EXPERIMENT_KIND_TAG] == "custom_model_development"
-    t.setup_experiment(c, "1", {t.EXPERIMENT_KIND_TAG: "genai_development", t.VIEW_TAG: c.tags[t.VIEW_TAG]},
-                       swept=["lr", "scheme"], groups=["scheme"])
-    assert c.tags[t.EXPERIMENT_KIND_TAG] == "custom_model_development"  # a kind already chosen is kept
+    t.setup_experiment(c, "1", {t.VIEW_TAG: c.tags[t.VIEW_TAG]}, swept=["lr", "scheme"], groups=["scheme"])
     cols = t.view_state_columns(c.tags[t.VIEW_TAG])
     assert cols[:2] == ["params.`r`", "params.`lr`"] and cols[2:] == view_columns()
     before = dict(c.tags)
