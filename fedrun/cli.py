@@ -7,9 +7,15 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger("fedrun")
+
+
+class JobFailed(CompactHydraException):
+    """A sweep's job failed: Hydra runs the sweep's other jobs, then prints the first failed job's message (one
+    line, no traceback: a compact Hydra error) and exits with status 1."""
 
 
 def _tracker(cfg: DictConfig):
@@ -72,22 +78,15 @@ def main(cfg: DictConfig) -> float | None:
     from fedrun.config import ConfigError
     from fedrun.data.dataset import DataIntegrityError, DataNotFoundError
     from fedrun.run import RunDiverged, RunInterrupted, run
-    from fedrun.simulation import PrivacyCheckFailed
 
     try:
         tracker = _tracker(cfg)
         summary = run(cfg, tracker=tracker, out_dir=_output_dir())
-    except ConfigError as exc:
+    except (ConfigError, DataNotFoundError, DataIntegrityError, ConnectionError, RunDiverged) as exc:
         print(f"fedrun: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except (DataNotFoundError, DataIntegrityError, ConnectionError) as exc:
-        print(f"fedrun: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except (RunDiverged, PrivacyCheckFailed) as exc:
-        print(f"fedrun: error: {exc}", file=sys.stderr)
-        if _multirun():  # let the sweep go on with its other jobs
-            return None
-        sys.exit(1)
+        if _multirun():  # Hydra marks the job failed, runs the sweep's other jobs, then exits with status 1
+            raise JobFailed(f"fedrun: error: {exc}") from None
+        sys.exit(1 if isinstance(exc, RunDiverged) else 2)
     except RunInterrupted as exc:
         print(f"fedrun: interrupted after round {exc.round}; the run is saved in {exc.out_dir}.\n"
               f"fedrun: resume it with: fedrun {_overrides()} resume=true", file=sys.stderr)

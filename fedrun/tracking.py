@@ -8,6 +8,7 @@
   any job starts (MLflow's SQLite store races when several processes create it at once); every job's
   run carries the parent's id (``mlflow.parentRunId``) and the tag ``fedrun.sweep``; its name carries the
   swept values (``fl_cs-fashion_mnist r=0.05``).
+* A failed job fails the sweep through Hydra (:class:`fedrun.cli.JobFailed`): the other jobs run, then exit 1.
 * Metric names in MLflow: :mod:`fedrun.metric_names`.
 * The UI (:func:`runs_table_url`, ``python -m fedrun.tracking ui-url``): the URLs open the "Model training"
   runs table (``workflowType=machine_learning``) in a saved runs-table view (tag ``mlflow.sharedViewState.fedrun``: key metrics and swept
@@ -23,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+from hydra.experimental.callback import Callback
 
 from fedrun.metric_names import internal_name, metric_name  # noqa: F401 - internal_name: fedrun.report/export read it here
 
@@ -404,12 +407,6 @@ class MlflowTracker:
 
 
 # -------------------------------------------------------------------------------------- Hydra sweeps
-try:
-    from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover
-    Callback = object  # type: ignore[misc,assignment]
-
-
 def swept_keys(overrides: Iterable[str]) -> list[str]:
     """The keys a Hydra multirun sweeps (``scheme=fl_cs,fl_rnd r=0.05,0.1 rounds=3`` → scheme, r)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -452,9 +449,8 @@ class SweepCallback(Callback):
         try:
             check_server(uri)
             exp_id = prepare_store(uri, tracking.get("experiment", "fedrun"), swept, groups)
-        except ConnectionError as exc:
-            print(f"fedrun: error: {exc}", file=sys.stderr)
-            sys.exit(2)
+        except ConnectionError:  # each job fails on it in one line, then Hydra ends the sweep (a callback cannot)
+            return
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         client = MlflowClient(tracking_uri=uri)
@@ -463,6 +459,17 @@ class SweepCallback(Callback):
                                          "fedrun.swept": " ".join(swept)})
         (sweep_dir / PARENT_FILE).write_text(parent.info.run_id)
         (sweep_dir / SWEPT_FILE).write_text("".join(k + "\n" for k in swept))
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        """A failed job marks the sweep's parent run FAILED (Hydra then skips :meth:`on_multirun_end`)."""
+        from hydra.core.utils import JobStatus
+
+        parent_file = Path(config.hydra.sweep.dir) / PARENT_FILE
+        if job_return.status == JobStatus.FAILED and parent_file.exists():
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=resolve_uri(config.tracking.get("uri")))
+            client.set_terminated(parent_file.read_text().strip(), status="FAILED")
 
     def on_multirun_end(self, config, **kwargs) -> None:
         tracking = config.get("tracking", {})

@@ -172,3 +172,20 @@ def test_sweep_loses_no_run(tmp_path, shared_data, parallel, fedrun_in_process, 
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "test_mse")]
         assert sorted(steps) == [1, 2]
         assert "summary/best_test_mse" in r.data.metrics
+
+
+def test_a_failed_job_fails_the_sweep_after_its_other_jobs(tmp_path, shared_data, fedrun_in_process, monkeypatch):
+    """A job that fails (here a bad value) does not stop the sweep's other jobs; then Hydra ends the sweep with
+    status 1 and the job's one-line error, and the sweep's parent run is marked FAILED."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    code, out, err = fedrun_in_process(["-m", "r=1.5,1.0", "dataset=lending_club", "local_mode=gd", "lr=0.3",
+                                        f"data_root={shared_data}"] + [a for a in FAST if not a.startswith("r=")])
+    assert code == 1, err[-3000:]
+    assert "Traceback" not in err and "Error executing job with overrides: ['r=1.5'" in err
+    errors = [ln for ln in err.splitlines() if ln.startswith("fedrun: error:")]  # the job's, then Hydra's at the end
+    assert len(errors) == 2 and errors[0] == errors[1] and "r=1.5 is outside (0, 1]" in errors[0]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("fedrun").experiment_id])
+    assert {(r.data.tags.get("fedrun.kind"), r.info.status) for r in runs} == {("sweep", "FAILED"), ("run", "FINISHED")}

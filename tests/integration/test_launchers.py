@@ -88,6 +88,18 @@ def test_unreachable_tracking_server_fails_fast(shared_data, fedrun_in_process, 
     assert time.time() - t0 < 120
 
 
+def test_unreachable_tracking_server_fails_a_sweep(shared_data, fedrun_in_process, monkeypatch, recwarn):
+    """Each job fails on it before any work, in one line; Hydra then ends the sweep with status 1 (fedrun's sweep
+    callback raises nothing: Hydra turns a callback's exception into a warning and goes on)."""
+    monkeypatch.setenv("FEDRUN_DATA", str(shared_data))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_free_port()}")
+    code, out, err = fedrun_in_process(["-m", "seed=0,1"] + TINY)  # Hydra's basic launcher, in this process
+    assert code == 1 and "Traceback" not in err and "fedrun: done" not in out
+    assert not [w for w in recwarn if "SweepCallback" in str(w.message)]
+    errors = [ln for ln in err.splitlines() if ln.startswith("fedrun: error:")]  # each job's, then Hydra's
+    assert len(errors) == 3 and "is not reachable" in errors[-1]
+
+
 # slow: submitit starts a fresh interpreter per job (~1 min of CPU); Hydra's launcher plugin, not fedrun's code
 @pytest.mark.slow
 @pytest.mark.process
