@@ -39,7 +39,7 @@ def _tracker(cfg: DictConfig):
     except ValueError:
         pass
     return MlflowTracker(cfg.tracking.get("uri"), cfg.tracking.experiment, parent_run_id=parent, sweep=sweep,
-                         name_suffix=suffix)
+                         name_suffix=suffix, diagnostics=cfg.tracking.get("diagnostics", False))
 
 
 def _overrides() -> str:

@@ -119,6 +119,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(f"device={device!r} is not allowed; use cpu, cuda, cuda:N or auto")
     if cfg.get("progress") not in PROGRESS:
         raise ConfigError(f"progress={cfg.get('progress')!r} is not allowed; use {', '.join(PROGRESS)}")
+    if not isinstance(diag := cfg.get("tracking", {}).get("diagnostics", False), bool):
+        raise ConfigError(f"tracking.diagnostics={diag!r} is not allowed; use true or false")
     mode = dp_mode(cfg.get("dp"))
     delta = _num(cfg, "delta")
     if not 0 < delta < 1:

@@ -8,11 +8,13 @@
   any job starts (MLflow's SQLite store races when several processes create it at once); every job's
   run carries the parent's id (``mlflow.parentRunId``) and the tag ``fedrun.sweep``; its name carries the
   swept values (``fl_cs-fashion_mnist r=0.05``).
+* Metric names in MLflow: :mod:`fedrun.metric_names`; diagnostics only with ``tracking.diagnostics=true``.
 * A failed job fails the sweep through Hydra (:class:`fedrun.cli.JobFailed`): the other jobs run, then exit 1.
-* Metric names in MLflow: :mod:`fedrun.metric_names`.
-* The UI (:func:`runs_table_url`, ``python -m fedrun.tracking ui-url``): the URLs open the "Model training"
-  runs table (``workflowType=machine_learning``) in a saved runs-table view (tag ``mlflow.sharedViewState.fedrun``: key metrics and swept
-  parameters as columns, runs not folded under their sweep); the URLs fedrun prints open it.
+* The UI (:func:`runs_table_url`, ``python -m fedrun.tracking ui-url``), the two things MLflow has no public way
+  to do, written against MLflow 3.17's UI (pyproject pins the tested range): URLs that open the "Model
+  training" runs table (``workflowType=machine_learning``; else MLflow 3.17 opens its GenAI overview), in a
+  saved view (experiment tag ``mlflow.sharedViewState.fedrun``: key metrics and swept parameters as columns,
+  runs not folded under their sweep). Descriptions use MLflow's ``mlflow.note.content`` tag.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, Iterable, Sequence
 
 from hydra.experimental.callback import Callback
 
-from fedrun.metric_names import internal_name, metric_name  # noqa: F401 - internal_name: fedrun.report/export read it here
+from fedrun.metric_names import internal_name, is_diagnostic, metric_name  # noqa: F401 - report/export import internal_name here
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 PARENT_FILE = "mlflow_parent_run.txt"
@@ -158,9 +160,7 @@ def run_note(latest: dict[str, float]) -> str:
     row = [num(key), num("best_round", spec="{:.0f}"), num("epsilon_final"),
            num("uplink_bytes_final", 1e6, "{:.2f}"), num("downlink_bytes_final", 1e6, "{:.2f}"),
            num("rounds_completed", spec="{:.0f}")]
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), "| " + " | ".join(row) + " |", "",
-                      "Charts: the Model metrics tab; the key metrics are its last group, \"Model metrics\" (MLflow "
-                      "lists the diagnostics' groups dp/, decoder/, summary/, … first)."])
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), "| " + " | ".join(row) + " |"])
 
 
 def sweep_suffix(job_overrides: Iterable[str], swept: Iterable[str]) -> str:
@@ -309,10 +309,12 @@ def prepare_store(uri: str, experiment: str, swept: Sequence[str] = (), groups: 
 
 
 class MlflowTracker:
-    """Logs one fedrun run to MLflow through ``MlflowClient`` (no global fluent state)."""
+    """Logs one fedrun run to MLflow through ``MlflowClient`` (no global fluent state). With ``diagnostics=False``
+    the diagnostics (metrics in a group other than ``summary/``: ``dp/…``, ``decoder/…``, …) are not logged:
+    MLflow's run page lists every group before the key metrics' "Model metrics" (they stay in metrics.csv)."""
 
     def __init__(self, uri: str | None, experiment: str, parent_run_id: str | None = None,
-                 sweep: str | None = None, name_suffix: str = "") -> None:
+                 sweep: str | None = None, name_suffix: str = "", diagnostics: bool = True) -> None:
         from mlflow.tracking import MlflowClient
 
         self.uri = resolve_uri(uri)
@@ -321,6 +323,7 @@ class MlflowTracker:
         self.parent_run_id = parent_run_id
         self.sweep = sweep
         self.name_suffix = name_suffix  # a sweep job's swept values, appended to the run name
+        self.diagnostics = diagnostics
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self.latest: dict[str, float] = {}  # the last value of each metric logged (fedrun's names)
@@ -365,7 +368,8 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(metric_name(k), float(v), now, int(step)) for k, v in metrics.items() if v is not None]
+        named = [(metric_name(k), float(v)) for k, v in metrics.items() if v is not None]
+        batch = [Metric(m, v, now, int(step)) for m, v in named if self.diagnostics or not is_diagnostic(m)]
         self.client.log_batch(self.run_id, metrics=batch)  # MLflow splits it into requests it accepts
         self.latest.update({k: float(v) for k, v in metrics.items() if v is not None})
 
@@ -396,7 +400,7 @@ class MlflowTracker:
         if self.run_id is None:
             return
         note = run_note(self.latest) if status == "FINISHED" else ""
-        if note:  # the run page's Overview opens on it (its charts list the diagnostics' groups first)
+        if note:  # the run page's Overview opens on it
             try:
                 self.client.set_tag(self.run_id, "mlflow.note.content", note)
             except Exception as exc:  # noqa: BLE001 - a description is not worth failing the run over
@@ -407,6 +411,7 @@ class MlflowTracker:
 
 
 # -------------------------------------------------------------------------------------- Hydra sweeps
+
 def swept_keys(overrides: Iterable[str]) -> list[str]:
     """The keys a Hydra multirun sweeps (``scheme=fl_cs,fl_rnd r=0.05,0.1 rounds=3`` → scheme, r)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser

@@ -2,10 +2,13 @@
 
 import os
 import subprocess
+from csv import DictReader
 import sys
 from pathlib import Path
 
 import pytest
+
+from fedrun.metric_names import is_diagnostic
 
 FEDRUN = [sys.executable, "-m", "fedrun.cli"]
 FAST = ["scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "lr=0.05", "rounds=2", "num_clients=10", "sample_rate=0.5", "local_steps=2",
@@ -50,6 +53,7 @@ BAD_VALUES = [
     (["dataset=mnist", "model=lr"], "model=lr does not fit dataset=mnist (28×28 images); allowed: lenet5, "
                                     "femnist_cnn, fashion_cnn, fashion_cnn_1m, vgg16"),
     (["device=tpu"], "device='tpu' is not allowed"),
+    (["tracking.diagnostics=maybe"], "tracking.diagnostics='maybe' is not allowed; use true or false"),
     (["dataset=lending_club", "scheme=fl_cs"], "scheme=fl_cs does not apply to dataset=lending_club"),
     (["scheme=fbftl", "dp=true"], "dp=true is not available with scheme=fbftl"),
     (["dataset=lending_club", "partition=state", "partition.copies=2", "dp=local_laplace", "epsilon=1"],
@@ -136,9 +140,13 @@ def test_default_command_is_fl_cs_with_client_level_dp_logged_to_sqlite_in_cwd(t
     m = int(run.data.tags["compression.m"])
     assert m == 5716  # ceil(0.05 · 114,314) DCT coefficients (P = 4 chunks of 1429)
     ups = client.get_metric_history(run.info.run_id, "uplink_bytes")
-    clients = client.get_metric_history(run.info.run_id, "sampling/clients")  # diagnostics are grouped
-    assert all(u.value == 4 * m * c.value for u, c in zip(ups, clients))
+    (csv,) = tmp_path.glob("outputs/*/*/metrics.csv")  # every number of the run, diagnostics included
+    clients = [float(row["clients"]) for row in DictReader(csv.open())]
+    assert [u.value for u in ups] == [4 * m * c for c in clients]
     assert 0 < run.data.metrics["epsilon"] <= 1.0
+    # MLflow's run page lists every group of charts before the key metrics: no diagnostics unless asked
+    assert not [k for k in run.data.metrics if is_diagnostic(k)]
+    assert "summary/best_test_accuracy" in run.data.metrics
 
 
 # slow with the joblib launcher: three fresh interpreters and MLflow stores (~45 s of CPU)

@@ -279,6 +279,25 @@ def test_mlflow_tracker_logs_grouped_names_and_names_a_sweeps_run(monkeypatch):
     assert fake.status == "FINISHED" and "| 0.5 |" in fake.tags["mlflow.note.content"]
 
 
+def test_mlflow_tracker_logs_diagnostics_only_when_asked(monkeypatch):
+    """MLflow's run page lists every group of charts before the key metrics: diagnostics only when asked."""
+    import mlflow.tracking
+
+    row = {"test_accuracy": 0.5, "dp_clipped_fraction": 0.25, "clients": 3.0, "best_test_accuracy": 0.5}
+    logged = {}
+    for diagnostics in (False, True):
+        fake = FakeMlflowClient()
+        monkeypatch.setattr(mlflow.tracking, "MlflowClient", lambda tracking_uri: fake)
+        monkeypatch.setattr(t, "prepare_store", lambda uri, experiment: "4")
+        tr = t.MlflowTracker("sqlite:///unused.db", "fedrun-test", diagnostics=diagnostics)
+        tr.start({}, {})
+        tr.log_metrics(row, step=1)
+        logged[diagnostics] = {m.key for m in fake.metrics}
+        assert tr.latest == row  # the run's description still sees every number
+    assert logged[False] == {"test_accuracy", "summary/best_test_accuracy"}
+    assert logged[True] == logged[False] | {"dp/clipped_fraction", "sampling/clients"}
+
+
 def test_run_note_lists_the_key_numbers_of_a_finished_run():
     note = t.run_note({"best_test_mse": 0.0213, "best_round": 7, "rounds_completed": 9, "uplink_bytes_final": 2.5e6})
     assert note.splitlines()[0].startswith("| best test MSE | at round | final ε | uplink MB")
