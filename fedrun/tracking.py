@@ -126,11 +126,6 @@ def _view_of(tag_value: str | None) -> tuple[dict[str, Any], int | None]:
         return {}, None
 
 
-def view_state_columns(tag_value: str | None) -> list[str]:
-    """Columns of a saved view's tag value ([] if absent or not fedrun's envelope)."""
-    return list(_view_of(tag_value)[0].get("selectedColumns", []))
-
-
 def setup_experiment(client, experiment_id: str, tags: dict[str, str], swept: Sequence[str] = (),
                      groups: Sequence[str] = ()) -> None:
     """Add ``swept`` to the experiment's saved view (create it if missing)."""

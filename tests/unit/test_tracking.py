@@ -136,7 +136,7 @@ def test_setup_experiment_merges_swept_columns():
     c = FakeClient()
     t.setup_experiment(c, "1", {}, swept=["r"])
     t.setup_experiment(c, "1", {t.VIEW_TAG: c.tags[t.VIEW_TAG]}, swept=["lr", "scheme"], groups=["scheme"])
-    cols = t.view_state_columns(c.tags[t.VIEW_TAG])
+    cols = json.loads(json.loads(c.tags[t.VIEW_TAG])["state"])["selectedColumns"]
     assert cols[:2] == ["params.`r`", "params.`lr`"] and cols[2:] == view_columns()
     before = dict(c.tags)
     c.tags.clear()
