@@ -31,8 +31,8 @@ from fedrun.config import ConfigError
 
 CHECKPOINT = "checkpoint.pt"
 SIDECAR = "checkpoint.json"
-FORMAT = 2  # 2: per-client state as ids + rows of the clients that have one
-READABLE = (1, 2)  # 1: per-client state as a dense [num_clients, dim] tensor per name (read as every client's row)
+FORMAT = 3  # 3: the simulation's server state (momentum, who holds f¹) apart from the scheme's codec state
+READABLE = (3,)
 #: checkpoint_every=auto keeps the time spent saving (the final save included) within this share of the run's
 AUTO_SHARE = 0.05
 #: config keys that may differ between the interrupted run and its resumption
@@ -77,7 +77,8 @@ def save_checkpoint(out_dir: Path, built, c: dict, loop, run_id: str | None, fin
         "run_id": run_id,
         "config": comparable(c),
         "params": sim.params.detach().cpu(),
-        "scheme": sim.scheme.state_dict(),
+        "scheme": built.runner.state_dict() if built.runner is not sim else sim.scheme.state_dict(),
+        "server": {"velocity": sim.velocity, "holds_frozen": torch.from_numpy(sim.holds_frozen)},
         "client_state": sim.client_state.state_dict(),
         "accountant": sim.accountant.state_dict() if sim.accountant is not None else None,
         "local_dp": sim.local_dp.state_dict() if sim.local_dp is not None else None,
@@ -101,16 +102,19 @@ def load_into(path: Path, built, loop) -> dict:
                           f"{', '.join(map(str, READABLE))}")
     sim = built.sim
     sim.params.copy_(state["params"].to(sim.device))
-    sim.scheme.load_state_dict(state["scheme"])
+    (built.runner if built.runner is not sim else sim.scheme).load_state_dict(state["scheme"])
+    server = state.get("server") or {}
+    if server.get("velocity") is not None:
+        sim.velocity = server["velocity"].to(sim.device)
+    if server.get("holds_frozen") is not None:
+        sim.holds_frozen = server["holds_frozen"].numpy().astype(bool).copy()
     sim.client_state.load_state_dict(state["client_state"])
     if state["accountant"] is not None:
         sim.accountant.load_state_dict(state["accountant"])
-        # each restored event stands for one noised aggregation of the rounds before the checkpoint
-        sim.privacy.noised_aggregations = len(sim.accountant.events)
     if state["local_dp"] is not None:
         sim.local_dp.load_state_dict(state["local_dp"])
     if state.get("canaries") is not None:  # made now (their length is the payload's), then restored
-        sim.make_canaries(int(state["canaries"]["dim"])).load_state_dict(state["canaries"])
+        sim.privatizer.make_canaries(int(state["canaries"]["dim"])).load_state_dict(state["canaries"])
     sim.ledger.load_state_dict(state["ledger"])
     for k, v in state["loop"].items():
         setattr(loop, k, v)

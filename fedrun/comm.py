@@ -50,7 +50,12 @@ class Ledger:
     downlink_round: int = 0
     by_kind: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     messages_round: int = 0
-    uplink_messages_round: int = 0  # client → server messages this round (the DP check counts them)
+    uplink_messages_round: int = 0  # client → server messages this round
+    uplink_messages_total: int = 0
+    #: each broadcast counted once however many clients receive it (paper 003's (10)); a message sent with
+    #: ``once=True`` (the same content to every client that ever needs it) counts once over the run
+    broadcast_total: int = 0
+    broadcast_once: set[str] = field(default_factory=set)
 
     def start_round(self) -> None:
         self.uplink_round = 0
@@ -66,9 +71,14 @@ class Ledger:
         self.by_kind["up:" + message.kind] += b
         self.messages_round += int(count)
         self.uplink_messages_round += int(count)
+        self.uplink_messages_total += int(count)
 
-    def downlink(self, message: Message, count: int = 1) -> None:
+    def downlink(self, message: Message, count: int = 1, once: bool = False) -> None:
         """Record the server sending ``message`` to ``count`` clients (a broadcast counts once per client)."""
+        if count > 0 and not (once and message.kind in self.broadcast_once):
+            self.broadcast_total += message.nbytes
+            if once:
+                self.broadcast_once.add(message.kind)
         b = message.nbytes * int(count)
         self.downlink_round += b
         self.downlink_total += b
@@ -85,12 +95,16 @@ class Ledger:
 
     def state_dict(self) -> dict:
         return {"uplink_total": self.uplink_total, "downlink_total": self.downlink_total,
-                "by_kind": dict(self.by_kind)}
+                "by_kind": dict(self.by_kind), "uplink_messages_total": self.uplink_messages_total,
+                "broadcast_total": self.broadcast_total, "broadcast_once": sorted(self.broadcast_once)}
 
     def load_state_dict(self, state: dict) -> None:
         self.uplink_total = int(state["uplink_total"])
         self.downlink_total = int(state["downlink_total"])
         self.by_kind = defaultdict(int, state.get("by_kind", {}))
+        self.uplink_messages_total = int(state.get("uplink_messages_total", 0))
+        self.broadcast_total = int(state.get("broadcast_total", 0))
+        self.broadcast_once = set(state.get("broadcast_once", ()))
 
 
 def paper_cost_bits(r: float, n: int, rounds: int, sampling_fraction: float) -> float:

@@ -156,8 +156,9 @@ def validate(cfg: Mapping[str, Any]) -> None:
     conf = audit.get("confidence", 0.95)
     if not isinstance(conf, (int, float)) or not 0 < conf < 1:
         raise ConfigError(f"audit.confidence={conf!r} is outside (0, 1)")
-    if audit.get("negative_control") and not canaries:
-        raise ConfigError("audit.negative_control=true needs audit.canaries > 0 (it tests the audit)")
+    if audit.get("negative_control"):
+        raise ConfigError("audit.negative_control=true is not a run option: the audit's negative control (no noise, "
+                          "ε still claimed) is a test double of the privatizer, tests/integration/test_audit.py")
     copies = cfg.get("partition", {}).get("copies", 1)
     if mode not in ("off", "auto") and copies not in (None, 1):
         raise ConfigError(f"partition.copies={copies} with dp={cfg.get('dp')}: one person's data would be in "

@@ -163,37 +163,37 @@ class LocalDP:
                                               nonexpansive=self.nonexpansive, calibration=calibration)
         self.counts = np.zeros(n, dtype=np.int64)  # participations noised so far
         self._eps_cache: dict[tuple[str, float, int], float] = {}
-        self._round: int | None = None
         self._item: torch.Tensor | None = None
         self._round_weights: dict[int, float] = {}
         self._round_formula = 0.0
         self._round_std = 0.0
+        self.diagnostics: dict[str, float] = {}
         #: the scheme's name (set by make_local_dp; for messages)
         self.scheme_name: str | None = None
-        #: rows noised since :meth:`start_round` (the simulation's privacy check compares them with the uploads)
-        self.round_noised_rows = 0
 
     # -- noise -------------------------------------------------------------------------------------
-    def start_round(self) -> None:
-        self.round_noised_rows = 0
-
     @property
     def noiseless(self) -> bool:
         return math.isinf(self.epsilon_target)
 
-    def privatize(self, sim, rnd: int, clients: np.ndarray, payload: torch.Tensor) -> torch.Tensor:
+    def start_round(self, clients: np.ndarray, weights: np.ndarray) -> None:
+        """The round's selected clients and the scheme's weights a_l (for the noise item's diagnostics)."""
+        self._round_weights = {int(c): float(w) for c, w in zip(clients, weights)}
+        self._item = None
+        self._round_formula = aggregated_noise_variance([float(self.scales[c]) for c in clients], list(weights),
+                                                        self.mechanism)
+        factor = math.sqrt(2) if self.mechanism == "laplace" else 1.0  # Laplace std = √2·b
+        self._round_std = float(np.mean(self.scales[clients])) * factor if len(clients) else 0.0
+
+    def privatize(self, rnd: int, clients: np.ndarray, payload: torch.Tensor, generator) -> torch.Tensor:
         """Add client l's noise (Laplace scale b_l or Gaussian std σ_l per coordinate) to its row of ``payload``.
 
-        Each client draws from its own stream ``sim.generator(rnd, "local_dp", l)``, so chunking and order
-        do not change the noise. ε = ∞ returns ``payload`` itself (the non-private computation, bit for bit).
+        Each client draws from its own stream ``generator(l)``, so chunking and order do not change the noise.
+        ε = ∞ returns ``payload`` itself (the non-private computation, bit for bit).
         """
         clients = np.asarray(clients, dtype=np.int64)
         if payload.shape[0] != len(clients):
             raise ValueError(f"payload has {payload.shape[0]} rows for {len(clients)} clients")
-        if payload.shape[1] != sim.n:
-            raise ConfigError(f"dp=local_{self.mechanism} calibrates noise to the model update (length {sim.n}), "
-                              f"but scheme={type(sim.scheme).__name__} transmits vectors of length "
-                              f"{payload.shape[1]}; use scheme=ldp_fedavg or fl_std")
         for l in clients:
             if self.participations[l] < 1 and self.sizes[l] > 0:
                 raise RuntimeError(f"client {l} takes part in round {rnd} but was planned for T_l = 0 participations")
@@ -201,36 +201,22 @@ class LocalDP:
                 log.warning("client %d takes part more often than the T_l=%d its noise was calibrated for; "
                             "its composed ε now exceeds the target", l, self.participations[l])
         self.counts[clients] += (self.sizes[clients] > 0)
-        self.round_noised_rows += len(clients)
         if self.noiseless:
             return payload
-        rows = []
-        noise_rows = []
-        for i, l in enumerate(clients):
-            scale = float(self.scales[l])
-            gen = sim.generator(rnd, "local_dp", int(l))
-            draw = laplace_noise if self.mechanism == "laplace" else gaussian_noise
-            noise = draw((payload.shape[1],), scale, gen, device=payload.device, dtype=payload.dtype)
-            rows.append(payload[i] + noise)
-            noise_rows.append(noise)
-        self._diagnose(sim, rnd, clients, torch.stack(noise_rows))
-        return torch.stack(rows)
+        draw = laplace_noise if self.mechanism == "laplace" else gaussian_noise
+        noise = torch.stack([draw((payload.shape[1],), float(self.scales[l]), generator(int(l)), device=payload.device,
+                                  dtype=payload.dtype) for l in clients])
+        self._diagnose(clients, noise)
+        return payload + noise
 
-    def _diagnose(self, sim, rnd: int, clients: np.ndarray, noise: torch.Tensor) -> None:
+    def _diagnose(self, clients: np.ndarray, noise: torch.Tensor) -> None:
         """Per-round measured vs formula variance of the noise item Σ_l a_l·w_l (a_l = the scheme's weights)."""
-        if self._round != rnd:
-            selected = sim.select(rnd)
-            weights = sim.scheme.weights(sim, selected)
-            self._round_weights = {int(c): float(w) for c, w in zip(selected, weights)}
-            self._round, self._item = rnd, torch.zeros(noise.shape[1], dtype=torch.float64, device=noise.device)
-            self._round_formula = aggregated_noise_variance(
-                [float(self.scales[c]) for c in selected], list(weights), self.mechanism)
-            factor = math.sqrt(2) if self.mechanism == "laplace" else 1.0  # Laplace std = √2·b
-            self._round_std = float(np.mean(self.scales[selected])) * factor
+        if self._item is None:
+            self._item = torch.zeros(noise.shape[1], dtype=torch.float64, device=noise.device)
         a = torch.tensor([self._round_weights.get(int(l), 0.0) for l in clients], dtype=torch.float64,
                          device=noise.device)
         self._item += a @ noise.double()
-        sim.last_dp_diagnostics = {
+        self.diagnostics = {
             "ldp_noise_item_var": float(self._item.pow(2).mean()),
             "ldp_noise_item_var_formula": self._round_formula,
             "ldp_noise_std_mean": self._round_std,
@@ -268,8 +254,7 @@ class LocalDP:
         return active[np.argsort(score, kind="stable")]
 
     def epsilon(self) -> float:
-        """The worst client's ε composed so far from the noise actually added (basic composition / RDP).
-        (That every upload of a round was noised is checked by the simulation's PrivacyGuard.)"""
+        """The worst client's ε composed so far from the noise actually added (basic composition / RDP)."""
         ranked = self._ranked_clients()
         return 0.0 if len(ranked) == 0 else self._client_epsilon(int(ranked[-1]))
 

@@ -27,7 +27,8 @@ from fedrun.data.sources import load_dataset
 from fedrun.models.flat import FlatParams
 from fedrun.models.nets import IMAGE_MODELS, build_model
 from fedrun.rng import numpy_rng
-from fedrun.simulation import AuditSettings, ClientDP, PrivacyCheckFailed, Simulation
+from fedrun.schemes.transfer import FbFTL
+from fedrun.simulation import AuditSettings, ClientDP, Simulation
 from fedrun.training import ClientData, LocalSpec
 
 log = logging.getLogger("fedrun")
@@ -148,10 +149,7 @@ def make_audit(c: dict) -> AuditSettings | None:
     a = c.get("audit") or {}
     if not a.get("canaries"):
         return None
-    if a.get("negative_control"):
-        log.warning("audit.negative_control=true: the DP sum adds NO noise while ε=%s is still claimed; this run "
-                    "tests the audit and its results are not private", c.get("epsilon"))
-    return AuditSettings(int(a["canaries"]), float(a.get("confidence", 0.95)), bool(a.get("negative_control")))
+    return AuditSettings(int(a["canaries"]), float(a.get("confidence", 0.95)))
 
 
 @dataclass
@@ -160,6 +158,16 @@ class Built:
     names: dict[str, str]
     partition_stats: dict[str, float]
     info: dict[str, Any] = field(default_factory=dict)
+    #: the protocol's state and round: the simulation's FedAvg round, or FbFTL's runner
+    runner: Any = None
+    extra_metrics: Any = None
+
+    def __post_init__(self) -> None:
+        self.runner = self.runner or self.sim
+
+    def run_round(self, rnd: int) -> dict[str, float]:
+        metrics = self.runner.run_round(rnd)
+        return {**metrics, **self.extra_metrics(rnd)} if self.extra_metrics else metrics
 
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -227,18 +235,31 @@ def build(c: dict) -> Built:
         from fedrun.dp import make_local_dp
 
         local_dp = make_local_dp(c, mode, sampler, parts, spec, x_train=x_train)
-    trainable = scheme.prepare_model(model, {"dataset": dataset, "config": c, "device": device, "seed": seed})
-    layout = FlatParams(model, trainable) if trainable is not None else None
-    data = ClientData(x_train.to(device), y_train.to(device), parts)
-    sim = Simulation(model=model, data=data, x_test=dataset.x_test.to(device), y_test=dataset.y_test.to(device),
-                     sampler=sampler, scheme=scheme, spec=spec, seed=seed, device=device,
-                     chunk_size=int(c["chunk_size"]), workers=resolve_workers(c.get("workers", 1), device),
-                     vectorized=bool(c["vectorized"]), batched_layers=bool(c.get("batched_layers", True)),
-                     client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val, layout=layout,
-                     audit=make_audit(c))
+    trainable, facts = None, None
+    try:
+        if scheme.needs_image_source:
+            from fedrun.transfer import fbftl
+
+            trainable, facts = fbftl.prepare_model(scheme, model, model_name, dataset, c.get("data_root"), device)
+        layout = FlatParams(model, trainable) if trainable is not None else None
+        frozen = facts["frozen_numel"] if facts and scheme.train_head_only and not scheme.clients_hold_source else 0
+        data = ClientData(x_train.to(device), y_train.to(device), parts)
+        sim = Simulation(model=model, data=data, x_test=dataset.x_test.to(device), y_test=dataset.y_test.to(device),
+                         sampler=sampler, scheme=scheme, spec=spec, seed=seed, device=device,
+                         chunk_size=int(c["chunk_size"]), workers=resolve_workers(c.get("workers", 1), device),
+                         vectorized=bool(c["vectorized"]), batched_layers=bool(c.get("batched_layers", True)),
+                         client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val, layout=layout,
+                         audit=make_audit(c), frozen_numel=0 if isinstance(scheme, FbFTL) else frozen)
+    except ValueError as exc:  # a scheme's set-up refuses the model or the run's settings
+        raise ConfigError(str(exc)) from None
     names = {"dataset": dataset.name, "model": model_name, "partition": part_name,
              "scheme": _scheme_name(c), "dp": mode, "device": str(device)}
-    return Built(sim, names, stats, {"task": dataset.task, "source": dataset.source})
+    built = Built(sim, names, stats, {"task": dataset.task, "source": dataset.source})
+    if isinstance(scheme, FbFTL):
+        built.runner = fbftl.FbFTLRunner(scheme, facts, sim, float(c["lr"]), dataset.num_classes)
+    elif facts is not None:
+        built.extra_metrics = lambda rnd: fbftl.round_metrics(scheme, facts, sim, rnd)
+    return built
 
 
 def _scheme_name(c: dict) -> str:
@@ -375,7 +396,7 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | 
     task = built.info["task"]
     key = "test_accuracy" if task == "classification" else "test_mse"
     better = (lambda a, b: a > b) if task == "classification" else (lambda a, b: a < b)
-    r = sim.scheme.compression_ratio(sim)
+    r = sim.scheme.compression_ratio
     fraction = sim.sampler.fraction
     loop = loop or LoopState()
     schedule = CheckpointSchedule(c.get("checkpoint_every", 0))
@@ -396,24 +417,20 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | 
     try:
         for rnd in range(loop.round + 1, rounds + 1):
             t0 = time.perf_counter()
-            clients = sim.select(rnd)
-            sim.start_round()
-            metrics = sim.scheme.round(sim, rnd, clients)
+            metrics = built.run_round(rnd)
             if sim.device.type == "cuda":
                 torch.cuda.synchronize(sim.device)
-            sim.check_privacy(rnd)  # every upload went through the DP path and was accounted, or FAILED
             loss = metrics.get("train_loss", math.nan)
-            if not torch.isfinite(sim.params).all() or (len(clients) and not math.isfinite(loss)):
+            if not torch.isfinite(sim.params).all() or (metrics["clients"] and not math.isfinite(loss)):
                 raise RunDiverged(f"the run diverged at round {rnd}: NaN/inf in the global model or the training "
                                   f"loss (metrics up to round {rnd - 1} are kept); try a smaller lr")
             metrics = {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
             metrics.update(sim.ledger.metrics())
-            metrics["clients"] = float(len(clients))
             metrics["cost_bits"] = paper_cost_bits(r, sim.n, rnd, fraction)
             evaluated = rnd % int(c["eval_every"]) == 0 or rnd == rounds
             metrics.update(epsilons(sim, last=rnd == rounds))
             if "epsilon" in metrics:
-                metrics.update(sim.last_dp_diagnostics)
+                metrics.update(sim.privatizer.diagnostics)
             metrics["round_seconds"] = time.perf_counter() - t0
             if evaluated:
                 ev = sim.evaluate("test")
@@ -513,7 +530,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
             "git_dirty": str(dirty).lower(), "fedrun.config_hash": chash, "fedrun.num_parameters": str(built.sim.n)}
     if dirty:  # the uncommitted changes the run ran with, logged as an artifact
         (out / "git_diff.patch").write_text(diff)
-    tags.update(built.sim.scheme.tags(built.sim))
+    tags.update(built.sim.scheme.tags)
     params = flatten({k: v for k, v in c.items() if k not in ("hydra", "resume")})
     run_name = c.get("tracking", {}).get("run_name") or f"{names['scheme']}-{names['dataset']}"
     tracker.start(params, tags, run_name=run_name, run_id=run_id)
@@ -531,8 +548,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     if built.sim.local_dp is not None:
         tracker.set_tags(built.sim.local_dp.tags())  # which sensitivity, and whether its ε is conditional
     if built.sim.audit is not None:
-        tracker.set_tags({"audit.canaries": built.sim.audit.canaries,
-                          "audit.negative_control": str(built.sim.audit.negative_control).lower()})
+        tracker.set_tags({"audit.canaries": built.sim.audit.canaries})
     log.info("%s: %s | %s", names["scheme"], tracker.where, "outputs in " + str(out))
     status = "FAILED"
     try:
@@ -555,7 +571,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     except KeyboardInterrupt:
         status = "KILLED"
         raise
-    except (RunDiverged, PrivacyCheckFailed) as exc:
+    except RunDiverged as exc:
         tracker.set_tags({"fedrun.failure_reason": str(exc)})
         raise
     finally:

@@ -1,12 +1,21 @@
-"""The simulated federation: global model, clients' data, sampler, scheme, ledger, privacy hooks.
+"""The simulated federation and its one round.
 
-:class:`Simulation` is the object schemes talk to (``sim.params``, ``sim.train``, ``sim.ledger``,
-``sim.new_aggregator`` …). It holds no Hydra or MLflow objects: :mod:`fedrun.run` builds it from the
-config and drives the rounds.
+:meth:`Simulation.run_round` is the round every FedAvg-shaped scheme runs, written once, top to bottom::
+
+    sample → broadcast (downlink bytes) → local training → client encode → privatize → upload (uplink bytes)
+      → aggregate (client-level DP: clip + sum + noise, one accountant event) → [second exchange]
+      → server decode → server optimizer (η_g, momentum) → client feedback
+
+A scheme (:mod:`fedrun.schemes.base`) is a codec: its client side (a copy made after set-up) encodes updates,
+its server side decodes the output of the :class:`Privatizer`. Neither sees the global parameters, the local
+models, the accountant or this object. FbFTL's protocol is not this round: :mod:`fedrun.transfer.fbftl`.
+The module holds no Hydra or MLflow objects: :mod:`fedrun.run` builds the simulation from the config.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -15,12 +24,12 @@ import torch
 from torch import nn
 
 from fedrun.aggregation import ClientLevelDPSum, WeightedSum
-from fedrun.comm import Ledger
+from fedrun.comm import Ledger, Message
 from fedrun.models.flat import FlatParams
 from fedrun.privacy.mechanisms import PoissonGaussianEvent
-from fedrun.rng import derive_seed, torch_generator
+from fedrun.rng import torch_generator
 from fedrun.sampling import Sampler
-from fedrun.schemes.base import Scheme
+from fedrun.schemes.base import ClientView, Env, Received, Scheme
 from fedrun.training import ClientData, LocalSpec, Trainer, eval_copy, evaluate
 
 
@@ -40,63 +49,94 @@ class ClientDP:
 @dataclass(frozen=True)
 class AuditSettings:
     """An empirical privacy audit (client-level DP only): ``canaries`` canary clients, the lower bound's
-    ``confidence``; ``negative_control`` removes the DP noise while the accountant still claims ε (a run that
-    tests the audit itself, never one to report)."""
+    ``confidence``."""
 
     canaries: int
     confidence: float = 0.95
-    negative_control: bool = False
 
 
-class PrivacyCheckFailed(RuntimeError):
-    """What a round did differs from what was accounted (an upload that skipped the DP path, an accountant
-    event without a noised aggregation or the reverse): the run stops FAILED, never reported with a wrong ε."""
+class Privatizer:
+    """The one DP stage every upload passes through; it owns the accountant.
 
-
-class PrivacyGuard:
-    """Counts what the simulation's one DP path did in a round and checks it against what was accounted.
-
-    Every upload a scheme records in the ledger (``sim.ledger.uplink``) must have passed through the DP path:
-    client-level DP clips it in an aggregator from :meth:`Simulation.new_aggregator`, local DP noises it in
-    :meth:`Simulation.privatize_upload`. After each round (:meth:`check`, called by the runner):
-
-    * client-level: every uploaded row was clipped in a DP aggregator, the round had ≥ 1 noised aggregation,
-      and the accountant holds exactly one event per noised aggregation (over the whole run);
-    * local: every uploaded row was noised, and each noised row was counted by the local-DP accountant.
-
-    Without DP nothing is counted or checked.
+    * client-level (``client_dp``): :meth:`open` makes the DP sum (each row clipped to S in the scheme's payload
+      domain; the audit's canary clients join it), :meth:`close` adds N(0, σ²S²), divides by qN and records one
+      accountant event;
+    * local (``local_dp``): :meth:`upload` noises each client's payload (one release each, counted by its
+      accountant), summed with the scheme's weights;
+    * off: the weighted sum.
     """
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode  # "off" | "client" | "local"
-        self.noised_aggregations = 0  # over the run (client-level)
-        self.round_noised_aggregations = 0
-        self.round_private_rows = 0  # rows that went through the DP path this round
-        self.round_canary_rows = 0  # of which the audit's canaries (no upload of a client)
+    def __init__(self, client_dp: ClientDP | None, local_dp, audit: AuditSettings | None, seed: int,
+                 device: torch.device) -> None:
+        if client_dp is not None and local_dp is not None:
+            raise ValueError("client-level and local DP are exclusive: give client_dp or local_dp, not both")
+        if audit is not None and client_dp is None:
+            raise ValueError("an audit needs client-level DP (its canaries are clients of the DP sum)")
+        self.client_dp, self.local_dp, self.audit = client_dp, local_dp, audit
+        self.seed, self.device = seed, device
+        self.mode = "client" if client_dp is not None else "local" if local_dp is not None else "off"
+        self.accountant = None
+        if client_dp is not None:
+            from fedrun.privacy.accounting import PrivacyAccountant  # dp_accounting costs ~2 s of import
 
-    def start_round(self) -> None:
-        self.round_noised_aggregations = 0
-        self.round_private_rows = 0
-        self.round_canary_rows = 0
+            self.accountant = PrivacyAccountant(client_dp.delta)
+        self.canaries = None  # made at the first DP aggregation, when the payload's length is known
+        self.diagnostics: dict[str, float] = {}
 
-    def check(self, rnd: int, scheme: str, uploads: int, accountant_events: int, local_rows: int | None) -> None:
-        if self.mode == "off":
-            return
-        where = f"round {rnd} of scheme={scheme} with dp={'true' if self.mode == 'client' else 'local'}"
-        private = self.round_private_rows - self.round_canary_rows
-        if uploads != private:
-            raise PrivacyCheckFailed(f"{where}: {uploads} uploads were sent but {private} went "
-                                     f"through the DP path; the scheme bypasses it, so no ε holds for this run")
-        if self.mode == "client":
-            if self.round_noised_aggregations < 1:
-                raise PrivacyCheckFailed(f"{where}: the model changed without a noised aggregation; the scheme "
-                                         f"bypasses the DP path, so no ε holds for this run")
-            if accountant_events != self.noised_aggregations:
-                raise PrivacyCheckFailed(f"{where}: the accountant has {accountant_events} events for "
-                                         f"{self.noised_aggregations} noised aggregations")
-        elif local_rows is not None and local_rows != self.round_private_rows:
-            raise PrivacyCheckFailed(f"{where}: {self.round_private_rows} uploads were noised but the local-DP "
-                                     f"accountant counted {local_rows}")
+    def generator(self, rnd: int, *purpose: object) -> torch.Generator:
+        return torch_generator(self.seed, rnd, *purpose, device=self.device)
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.client_dp.noise_multiplier
+
+    def noise_std(self) -> float | None:
+        """Std of the client-level noise in each coordinate of the aggregate, σS/(qN); None without it."""
+        dp = self.client_dp
+        return None if dp is None else dp.noise_multiplier * dp.clipping_norm / dp.expected_clients
+
+    def open(self, rnd: int, clients: np.ndarray, weights: np.ndarray, dim: int):
+        if self.client_dp is None:
+            if self.local_dp is not None:
+                self.local_dp.start_round(clients, weights)
+            return WeightedSum(weights, dim, self.device)
+        dp = self.client_dp
+        agg = ClientLevelDPSum(dim, dp.clipping_norm, self.noise_multiplier, dp.expected_clients,
+                               self.generator(rnd, "client_dp_noise"), self.device)
+        if self.audit is not None:  # the audit's canary clients upload through the same DP sum
+            agg.add(self.make_canaries(dim).rows(self.generator(rnd, "audit_participation")))
+        return agg
+
+    def upload(self, rnd: int, clients: np.ndarray, payload: torch.Tensor) -> torch.Tensor:
+        """Local DP (paper 001): each client noises what it uploads; identity otherwise."""
+        if self.local_dp is None:
+            return payload
+        out = self.local_dp.privatize(rnd, clients, payload, lambda l: self.generator(rnd, "local_dp", l))
+        self.diagnostics = self.local_dp.diagnostics
+        return out
+
+    def close(self, rnd: int, agg) -> torch.Tensor:
+        out = agg.finish()
+        if self.client_dp is not None:
+            self.accountant.record(PoissonGaussianEvent(self.client_dp.noise_multiplier,
+                                                        self.client_dp.sampling_probability))
+            self.diagnostics = agg.diagnostics()
+            if self.canaries is not None:
+                self.canaries.observe(out)
+        return out
+
+    def make_canaries(self, dim: int):
+        """The audit's canaries for a ``dim``-long payload (drawn once, from the run's seed)."""
+        if self.canaries is None:
+            from fedrun.privacy.canaries import Canaries
+            from fedrun.rng import numpy_rng
+
+            dp = self.client_dp
+            self.canaries = Canaries(self.audit.canaries, dim, dp.clipping_norm, dp.sampling_probability,
+                                     self.generator(0, "audit_canaries"), numpy_rng(self.seed, "audit_included"))
+        if dim != self.canaries.dim:
+            raise ValueError(f"the audit's canaries have length {self.canaries.dim}; this aggregation {dim}")
+        return self.canaries
 
 
 class ClientState:
@@ -180,14 +220,10 @@ class ClientState:
         return out
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`'s output; a dense [num_clients, dim] tensor per name (checkpoint format 1)
-        is read as every client holding its row."""
+        """Restore :meth:`state_dict`'s output."""
         self._rows, self._slot, self._count = {}, {}, {}
         for name, entry in state.items():
-            if isinstance(entry, torch.Tensor):
-                ids, rows = torch.arange(entry.shape[0]), entry
-            else:
-                ids, rows = entry["ids"], entry["rows"]
+            ids, rows = entry["ids"], entry["rows"]
             ids = ids.numpy().astype(np.int64)
             if len(ids) and (ids.min() < 0 or ids.max() >= self.num_clients or len(np.unique(ids)) != len(ids)):
                 raise ValueError(f"client state {name!r}: ids outside [0, {self.num_clients}) or repeated")
@@ -199,7 +235,7 @@ class ClientState:
 
 
 class Simulation:
-    """One federated run's state and the services schemes use."""
+    """One federated run's state (global model, clients' data and state, ledger, privatizer) and its round."""
 
     def __init__(self, *, model: nn.Module, data: ClientData, x_test: torch.Tensor, y_test: torch.Tensor,
                  sampler: Sampler, scheme: Scheme, spec: LocalSpec, seed: int,
@@ -207,7 +243,8 @@ class Simulation:
                  vectorized: bool = True, batched_layers: bool = True,
                  client_dp: ClientDP | None = None, local_dp=None,
                  x_val: torch.Tensor | None = None, y_val: torch.Tensor | None = None,
-                 layout: FlatParams | None = None, audit: AuditSettings | None = None) -> None:
+                 layout: FlatParams | None = None, audit: AuditSettings | None = None,
+                 frozen_numel: int = 0) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.layout = layout or FlatParams(self.model)
@@ -217,7 +254,6 @@ class Simulation:
         self.x_test, self.y_test = x_test, y_test
         self.x_val, self.y_val = x_val, y_val
         self.sampler = sampler
-        self.scheme = scheme
         self.spec = spec
         self.seed = int(seed)
         self.vectorized = bool(vectorized)
@@ -225,41 +261,54 @@ class Simulation:
                                workers=workers, batched=batched_layers)
         self.ledger = Ledger()
         self.client_state = ClientState(data.num_clients, self.device)
-        self.client_dp = client_dp
-        self.local_dp = local_dp
-        if client_dp is not None and local_dp is not None:
-            raise ValueError("client-level and local DP are exclusive: give client_dp or local_dp, not both")
-        self.accountant = None
-        if client_dp is not None:
-            from fedrun.privacy.accounting import PrivacyAccountant  # dp_accounting costs ~2 s of import
-
-            self.accountant = PrivacyAccountant(client_dp.delta)
-        self.privacy = PrivacyGuard("client" if client_dp is not None else "local" if local_dp is not None
-                                    else "off")
-        if audit is not None and client_dp is None:
-            raise ValueError("an audit needs client-level DP (its canaries are clients of the DP sum)")
-        self.audit = audit
-        self.canaries = None  # made at the first DP aggregation, when the payload's length is known
+        self.privatizer = Privatizer(client_dp, local_dp, audit, self.seed, self.device)
+        self.client_dp, self.local_dp, self.audit = client_dp, local_dp, audit
+        #: f¹ values each client needs once before it can train (paper 003's frozen extractor); 0 = none
+        self.frozen_numel = int(frozen_numel)
+        self.holds_frozen = np.zeros(data.num_clients, dtype=bool)
+        self.velocity: torch.Tensor | None = None  # server momentum
         self._eval_model: nn.Module | None = None
-        self.last_dp_diagnostics: dict[str, float] = {}
-        scheme.setup(self)
+        self.scheme = scheme
+        self.client_codec = copy.deepcopy(scheme)  # the clients' side: nothing it keeps reaches the server's
+        env = Env(n=self.n, device=self.device, seed=self.seed, num_clients=data.num_clients, local_mode=spec.mode,
+                  local_steps=spec.steps, clients_per_round=sampler.expected_clients, dp=self.privatizer.mode,
+                  dp_noise_std=self.privatizer.noise_std())
+        scheme.setup(env)
+        self.client_codec.setup(env)
+        if local_dp is not None and scheme.payload_dim != self.n:
+            raise ValueError(f"dp=local_{local_dp.mechanism} calibrates noise to the model update (length {self.n}), "
+                             f"but scheme={type(scheme).__name__} transmits vectors of length {scheme.payload_dim}")
 
-    # -- randomness -------------------------------------------------------------------------------
-    def generator(self, rnd: int, *purpose: object) -> torch.Generator:
-        """A torch generator on the simulation's device for one (round, purpose) stream."""
-        return torch_generator(self.seed, rnd, *purpose, device=self.device)
+    @property
+    def accountant(self):
+        return self.privatizer.accountant
 
-    def shared_seed(self, rnd: int, *purpose: object) -> int:
-        """A seed shared by all participants of a round (e.g. FL-RND's coordinates)."""
-        return derive_seed(self.seed, "shared", rnd, *purpose)
+    @property
+    def canaries(self):
+        return self.privatizer.canaries
 
     # -- clients ----------------------------------------------------------------------------------
     @property
     def num_clients(self) -> int:
         return self.data.num_clients
 
+    def generator(self, rnd: int, *purpose: object) -> torch.Generator:
+        """A torch generator on the simulation's device for one (round, purpose) stream."""
+        return torch_generator(self.seed, rnd, *purpose, device=self.device)
+
     def select(self, rnd: int) -> np.ndarray:
         return self.sampler.select(rnd, self.seed)
+
+    def weights(self, clients: np.ndarray) -> np.ndarray:
+        """The scheme's client weights (``Scheme.weighting``), aligned with ``clients``."""
+        if len(clients) == 0:
+            return np.zeros(0)
+        if self.scheme.weighting == "uniform":
+            return np.full(len(clients), 1.0 / len(clients))
+        sizes = self.data.sizes[np.asarray(clients)].astype(np.float64)
+        if self.scheme.weighting == "population":  # (N/b)·n_l/n: unbiased for the all-clients average
+            return self.num_clients / float(self.sampler.expected_clients) * sizes / float(self.data.sizes.sum())
+        return sizes / sizes.sum()
 
     def train(self, clients: np.ndarray, rnd: int,
               correction: torch.Tensor | None = None) -> Iterator[tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
@@ -272,70 +321,71 @@ class Simulation:
             local, losses = self.trainer.train_sequential(self.params, clients, rnd, correction)
             yield np.asarray(clients), local, losses
 
-    # -- aggregation and privacy hooks ------------------------------------------------------------
-    def new_aggregator(self, rnd: int, weights: np.ndarray, dim: int):
-        """Weighted sum, or client-level DP (clip + sum + noise + fixed denominator) when enabled."""
-        if self.client_dp is None:
-            return WeightedSum(weights, dim, self.device)
-        dp = self.client_dp
-        sigma = 0.0 if self.audit is not None and self.audit.negative_control else dp.noise_multiplier
-        agg = ClientLevelDPSum(dim, dp.clipping_norm, sigma, dp.expected_clients,
-                               self.generator(rnd, "client_dp_noise"), self.device)
-        if self.audit is not None:  # the audit's canary clients upload through the same DP sum
-            rows = self.make_canaries(dim).rows(self.generator(rnd, "audit_participation"))
-            agg.add(rows)
-            self.privacy.round_canary_rows += rows.shape[0]  # rows of the audit, not uploads of clients
-        return agg
+    # -- the round --------------------------------------------------------------------------------
+    def run_round(self, rnd: int, clients: np.ndarray | None = None) -> dict[str, float]:
+        """One round of the scheme (module docstring) with the sampler's clients (or ``clients``); its metrics."""
+        server, client, ledger, dp = self.scheme, self.client_codec, self.ledger, self.privatizer
+        ledger.start_round()
+        clients = np.asarray(self.select(rnd) if clients is None else clients, dtype=np.int64)
+        K = len(clients)
+        weights = self.weights(clients)
+        if self.frozen_numel:  # the frozen f¹, once per client, the first time it takes part
+            new = clients[~self.holds_frozen[clients]]
+            ledger.downlink(Message.of_shape(self.frozen_numel, kind="extractor"), len(new), once=True)
+            self.holds_frozen[new] = True
+        if server.broadcast == "model":
+            ledger.downlink(Message.of_shape(self.n, kind="model"), K)
+        correction = (self.client_state.get(server.correction_state, clients, self.n)
+                      if server.correction_state else None)
+        feedback = type(server).feedback is not Scheme.feedback
+        keep_updates = server.queries and server.query_source is None
+        agg = dp.open(rnd, clients, weights, server.payload_dim)
+        sent, updates, losses = [], [], []
+        for ids, local, loss in self.train(clients, rnd, correction):
+            update = local - self.params
+            payload = dp.upload(rnd, ids, client.encode(rnd, update, ClientView(self.client_state, ids)))
+            ledger.uplink(server.message, len(ids))
+            agg.add(payload)
+            losses.append(loss)
+            if feedback:
+                sent.append(payload)
+            if keep_updates:
+                updates.append(update)
+        aggregate = dp.close(rnd, agg)
+        if server.broadcast == "aggregate":
+            ledger.downlink(Message.of(aggregate, kind="aggregate"), self.num_clients)
+        H, exact, values = server.query(rnd, aggregate) if server.queries else None, None, None
+        if H is not None:  # second exchange: the participants' exact values on H (never under DP)
+            if dp.mode != "off":
+                raise RuntimeError(f"scheme={type(server).__name__} asks for exact values under dp={dp.mode}")
+            if server.broadcast != "aggregate":
+                ledger.downlink(Message.of(H.to(torch.int32), kind="heavy_indices"), K)
+            source = (self.client_state.get(server.query_source, clients, self.n) if server.query_source
+                      else torch.cat(updates) if updates else torch.zeros(0, self.n, device=self.device))
+            values = source[:, H]
+            ledger.uplink(Message.of_shape(H.numel(), kind="heavy_values"), K)
+            exact_sum = WeightedSum(weights, H.numel(), self.device)
+            exact_sum.add(values)
+            exact = exact_sum.finish()
+            ledger.downlink(Message.of(exact, *([] if server.broadcast == "aggregate" else [H.to(torch.int32)]),
+                                       kind="heavy_values_avg"), self.num_clients)
+        update = server.decode(rnd, aggregate, exact)
+        self.server_step(update)
+        if feedback:
+            payloads = torch.cat(sent) if sent else torch.zeros(0, server.payload_dim, device=self.device)
+            client.feedback(rnd, ClientView(self.client_state, clients), payloads, values,
+                            Received(aggregate, update, H, exact))
+        return {**server.metrics, **client.metrics, "clients": float(K),
+                "train_loss": float(torch.cat(losses).mean()) if losses else math.nan}
 
-    def make_canaries(self, dim: int):
-        """The audit's canaries for a ``dim``-long payload (drawn once, from the run's seed)."""
-        if self.canaries is None:
-            from fedrun.privacy.canaries import Canaries
-            from fedrun.rng import numpy_rng
-
-            dp = self.client_dp
-            self.canaries = Canaries(self.audit.canaries, dim, dp.clipping_norm, dp.sampling_probability,
-                                     self.generator(0, "audit_canaries"), numpy_rng(self.seed, "audit_included"))
-        if dim != self.canaries.dim:
-            raise ValueError(f"the audit's canaries have length {self.canaries.dim}; this aggregation {dim}")
-        return self.canaries
-
-    def finish_aggregate(self, rnd: int, agg) -> torch.Tensor:
-        """The aggregate of the rows added to ``agg``; with client-level DP, the noised sum, one accountant
-        event for it and the rows it clipped counted as privatized uploads."""
-        out = agg.finish()
-        if self.client_dp is not None and isinstance(agg, ClientLevelDPSum):
-            self.accountant.record(PoissonGaussianEvent(self.client_dp.noise_multiplier,
-                                                        self.client_dp.sampling_probability))
-            self.privacy.noised_aggregations += 1
-            self.privacy.round_noised_aggregations += 1
-            self.privacy.round_private_rows += agg.seen
-            self.last_dp_diagnostics = agg.diagnostics()
-            if self.canaries is not None:
-                self.canaries.observe(out)
-        return out
-
-    def privatize_upload(self, rnd: int, clients: np.ndarray, payload: torch.Tensor) -> torch.Tensor:
-        """Local DP (paper 001): each client noises what it uploads; identity when local DP is off."""
-        if self.local_dp is None:
-            return payload
-        out = self.local_dp.privatize(self, rnd, clients, payload)
-        self.privacy.round_private_rows += len(clients)
-        return out
-
-    def start_round(self) -> None:
-        """Reset the round's byte and privacy counters (the runner calls it before ``scheme.round``)."""
-        self.ledger.start_round()
-        self.privacy.start_round()
-        if self.local_dp is not None:
-            self.local_dp.start_round()
-
-    def check_privacy(self, rnd: int) -> None:
-        """After ``scheme.round``: every upload went through the DP path and was accounted (see
-        :class:`PrivacyGuard`); raises :class:`PrivacyCheckFailed` otherwise."""
-        events = len(self.accountant.events) if self.accountant is not None else 0
-        local_rows = self.local_dp.round_noised_rows if self.local_dp is not None else None
-        self.privacy.check(rnd, type(self.scheme).__name__, self.ledger.uplink_messages_round, events, local_rows)
+    def server_step(self, update: torch.Tensor) -> None:
+        """w ← w + η_g·(ρ·v + update) (server momentum ρ, FedAvgM; ρ = 0: none)."""
+        rho = self.scheme.server_momentum
+        if rho > 0:
+            if self.velocity is None:
+                self.velocity = torch.zeros_like(update)
+            update = self.velocity.mul_(rho).add_(update)
+        self.params.add_(update, alpha=self.scheme.server_lr)
 
     def epsilon(self, accountant: str | None = None) -> float | None:
         """ε spent so far, None without DP. Client-level: from ``accountant`` (default: the configured one,
@@ -349,6 +399,6 @@ class Simulation:
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, split: str = "test") -> dict[str, float]:
         x, y = (self.x_test, self.y_test) if split == "test" else (self.x_val, self.y_val)
-        if self._eval_model is None:  # made at the first evaluation (after the scheme's prepare_model)
+        if self._eval_model is None:  # made at the first evaluation
             self._eval_model = eval_copy(self.model, self.device)
         return evaluate(self._eval_model, self.layout, self.params, x, y, self.spec.loss)

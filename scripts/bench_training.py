@@ -163,9 +163,8 @@ def time_round(sim, rnd: int) -> dict[str, float]:
     trained = clock.seconds
     t0 = time.perf_counter()
     clients = sim.select(rnd)
-    sim.ledger.start_round()
     t1 = time.perf_counter()
-    sim.scheme.round(sim, rnd, clients)
+    sim.run_round(rnd, clients)
     if cuda:
         torch.cuda.synchronize(sim.device)
     t2 = time.perf_counter()
@@ -333,8 +332,7 @@ def _memory_child(args) -> int:
     sim = build_sim(MEMORY_OVERRIDES, args, True, [f"chunk_size={args.chunk_size}"])
     t0 = time.perf_counter()
     clients = sim.select(1)
-    sim.ledger.start_round()
-    sim.scheme.round(sim, 1, clients)
+    sim.run_round(1, clients)
     samples = int(sim.data.sizes[clients].sum())
     cuda = ""
     if sim.device.type == "cuda":

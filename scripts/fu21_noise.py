@@ -79,8 +79,11 @@ def measure(experiment: str, overrides: list[str], measured_rounds: int, max_coo
     sq, formula, count = 0.0, 0.0, 0
     for rnd in range(1, min(measured_rounds, int(c["rounds"])) + 1):
         clients = sim.select(rnd)
-        a = torch.tensor(sim.scheme.weights(sim, clients), dtype=torch.float64)
-        noise = dp.privatize(_Prefix(sim, dim), rnd, clients, torch.zeros(len(clients), dim)).double()
+        weights = sim.weights(clients)
+        a = torch.tensor(weights, dtype=torch.float64)
+        dp.start_round(clients, weights)
+        noise = dp.privatize(rnd, clients, torch.zeros(len(clients), dim),
+                             lambda l: sim.generator(rnd, "local_dp", l)).double()
         item = a @ noise
         sq += float(item.pow(2).sum())
         count += dim
@@ -91,17 +94,6 @@ def measure(experiment: str, overrides: list[str], measured_rounds: int, max_coo
             "b": int(sim.sampler.expected_clients), "N": sim.num_clients,
             "T_l": int(dp.participations.max()), "measured": sq / count, "formula": formula / count,
             "coords": count, "epsilon": dp.epsilon_target}
-
-
-class _Prefix:
-    """The simulation with a transmitted vector of ``dim`` coordinates (same generators, same weights)."""
-
-    def __init__(self, sim, dim: int) -> None:
-        self._sim, self.n = sim, dim
-        self.last_dp_diagnostics: dict[str, float] = {}
-
-    def __getattr__(self, name):
-        return getattr(self._sim, name)
 
 
 def table(rows: list[dict[str, float]]) -> str:

@@ -1,144 +1,153 @@
-"""The scheme interface: what the server broadcasts, what each client transmits, how the server decodes.
+"""A scheme is a codec with state: the client side encodes an update, the server side decodes an aggregate.
 
-A scheme is one FL algorithm (FedAvg, FL-CS, FedSKETCH, …). The default :meth:`Scheme.round` is the
-template every linear-aggregation scheme shares::
+The round itself belongs to :class:`fedrun.simulation.Simulation` (``Simulation.run_round``); a scheme never sees
+the global parameters, the clients' local models, the accountant or the simulation. It implements at most five
+methods — ``setup``, ``encode`` (client), ``decode`` (server), and for protocols with a second exchange ``query``
+(server) and ``feedback`` (client) — and declares the facts the round needs as attributes (see :class:`Scheme`).
 
-    broadcast (downlink bytes) → local training (vectorized, chunk by chunk)
-      → encode each client's update (uplink bytes) → [local DP noise]
-      → aggregate in the transmitted domain (weighted sum, or client-level DP: clip + sum + noise)
-      → decode → apply to the global model
-
-so a scheme usually overrides a few hooks (``encode``, ``decode``, ``payload_dim``, ``weights``, …).
-Schemes whose protocol has more exchanges (HEAPRIX, SketchedSGD) or none of this loop (FbFTL) override
-:meth:`round` itself and record their extra messages in ``sim.ledger``. Client-level and local DP are
-not part of any scheme: the simulation plugs them into the aggregate and encode steps.
+The simulation runs the client side on its own copy of the scheme (made after ``setup``), so nothing ``encode``
+keeps on ``self`` reaches ``decode``: what the server learns of the clients is the output of the DP aggregator
+(and, without DP, the exact values a ``query`` asks for).
 """
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import torch
 
 from fedrun.comm import Message
+from fedrun.rng import derive_seed
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fedrun.simulation import Simulation
+SERVER_OPTIONS = ("server_lr", "server_momentum")
+
+
+@dataclass(frozen=True)
+class Env:
+    """What a scheme may know at set-up: sizes, device, the run's shared randomness and public facts of the run.
+
+    ``dp`` is the DP mode (``off`` | ``client`` | ``local``); ``dp_noise_std`` the std of the client-level DP noise
+    in each coordinate of the aggregate (σ·S/(qN)), None without client-level DP.
+    """
+
+    n: int
+    device: torch.device
+    seed: int
+    num_clients: int
+    local_mode: str = "sgd"
+    local_steps: int = 1
+    clients_per_round: float = 1.0
+    dp: str = "off"
+    dp_noise_std: float | None = None
+
+    def shared_seed(self, rnd: int, *purpose: object) -> int:
+        """A seed every participant of round ``rnd`` derives alike (nothing is sent for it)."""
+        return derive_seed(self.seed, "shared", rnd, *purpose)
+
+    @property
+    def full_participation(self) -> bool:
+        """Every client takes part in every round (its expected count is all of them)."""
+        return self.clients_per_round >= self.num_clients
+
+
+class ClientView:
+    """The persistent per-client state of the clients of one chunk (rows of :class:`fedrun.simulation.ClientState`)."""
+
+    def __init__(self, store, ids) -> None:
+        self._store, self.ids = store, ids
+
+    def get(self, name: str, dim: int) -> torch.Tensor:
+        return self._store.get(name, self.ids, dim)
+
+    def set(self, name: str, values: torch.Tensor) -> None:
+        self._store.set(name, self.ids, values)
+
+
+@dataclass
+class Received:
+    """What the participants know after the server's decode: the (DP) aggregate, the decoded update, and the
+    coordinates and averaged exact values of a second exchange (None without one)."""
+
+    aggregate: torch.Tensor
+    update: torch.Tensor
+    indices: torch.Tensor | None = None
+    values: torch.Tensor | None = None
 
 
 class Scheme:
-    """FedAvg-shaped protocol with overridable hooks (see the module docstring)."""
+    """The codec base: identity encode/decode (FedAvg). Declared facts (class or set-up attributes):
 
-    #: how to weight client vectors without DP: "size" = |D_k| / Σ_j |D_j| over the selected clients,
-    #: "uniform" = 1 / K
-    weighting: str = "size"
+    * ``dp_modes`` — DP modes it takes: ``off``, ``client`` (clip + noise on the aggregate), ``local`` (noise on
+      each upload; needs ``payload_dim == n``). Checked before any data is loaded.
+    * ``weighting`` — client weights without client-level DP: ``size`` (|D_k| / Σ_selected |D_j|), ``uniform``
+      (1/K) or ``population`` ((N/b)·|D_k| / Σ_all |D_j|, paper 001).
+    * ``compresses`` — refused on a model too small to compress; ``linear`` — encode is linear in the update.
+    * ``broadcast`` — ``model`` (the global model to each selected client before training), ``aggregate`` (every
+      device keeps a replica and receives the aggregate) or ``none`` (replicas receive a query's result only).
+    * ``correction_state`` — a client-state name subtracted from each local gradient (gradient tracking), or None.
+    * ``queries`` — a second exchange may follow (``query``); ``query_source`` — the client-state name whose values
+      answer it (None: the update itself).
+    * ``state`` — server-side attributes a checkpoint keeps; set at ``setup``: ``payload_dim``, ``message`` (one
+      client's upload, for the byte ledger), ``compression_ratio`` (r of paper 000's cost formula), ``tags``;
+      after each ``decode``: ``metrics`` (diagnostics of the round).
+    """
 
-    #: the DP modes this scheme takes (checked before any data is loaded): "off", "client" (client-level
-    #: clip + noise on the aggregate, paper 000), "local" (noise on each upload, paper 001). The default round
-    #: sends every upload through the simulation's DP hooks, so FedAvg-shaped schemes take all three.
     dp_modes: tuple[str, ...] = ("off", "client", "local")
-    #: True for schemes that compress the update (r, sketches): refused on a model too small to compress
+    weighting: str = "size"
     compresses: bool = False
-    #: True for schemes that transfer from a model pre-trained on an image source dataset (paper 003)
+    linear: bool = True
+    broadcast: str = "model"
+    correction_state: str | None = None
+    queries: bool = False
+    query_source: str | None = None
+    state: tuple[str, ...] = ()
+    #: paper 003's transfer settings (FL, FTL-full, FTL-c): initialise f¹ from a source model, train f² only
     needs_image_source: bool = False
+    init_from_source: bool = False
+    train_head_only: bool = False
 
     def __init__(self, server_lr: float = 1.0, server_momentum: float = 0.0) -> None:
-        if not server_lr > 0:
-            raise ValueError(f"server_lr={server_lr} must be > 0")
+        if isinstance(server_lr, bool) or not isinstance(server_lr, (int, float)) or not server_lr > 0:
+            raise ValueError(f"scheme.server_lr={server_lr!r}; allowed: a number > 0")
         if isinstance(server_momentum, bool) or not isinstance(server_momentum, (int, float)) \
                 or not 0.0 <= server_momentum < 1.0:
             raise ValueError(f"scheme.server_momentum={server_momentum!r}; allowed: 0 <= server_momentum < 1")
-        self.server_lr = float(server_lr)
-        #: ρ of server momentum on the decoded update (FedAvgM, Hsu et al. 2019): v_t = ρ·v_{t−1} + Δ_t,
-        #: w_t = w_{t−1} + η_g·v_t; 0 = none. Applied by :meth:`apply`, so every FedAvg-shaped scheme has it.
-        self.server_momentum = float(server_momentum)
-        self.velocity: torch.Tensor | None = None
+        self.server_lr, self.server_momentum = float(server_lr), float(server_momentum)
+        self.metrics: dict[str, float] = {}
+        self.tags: dict[str, str] = {}
 
-    # -- set-up and state -------------------------------------------------------------------------
-    def prepare_model(self, model: torch.nn.Module, context: dict) -> set[str] | None:
-        """Before the simulation is built: initialise ``model`` in place (e.g. from a pre-trained source
-        model) and return the names of the parameters that train and travel (None = all of them).
+    def setup(self, env: Env) -> None:
+        """Sizes are known: allocate server state, set ``payload_dim``, ``message`` and ``compression_ratio``."""
+        self.payload_dim = env.n
+        self.message = Message.of_shape(env.n)
+        self.compression_ratio = 1.0
 
-        ``context`` has ``dataset`` (the loaded Dataset), ``config`` (the resolved config dict),
-        ``device`` and ``seed``.
-        """
-        return None
+    def encode(self, rnd: int, updates: torch.Tensor, state: ClientView) -> torch.Tensor:
+        """Client side: updates [k, n] (local − global) → payloads [k, payload_dim]."""
+        return updates
 
-    def setup(self, sim: "Simulation") -> None:
-        """Called once the simulation is built (model size known): allocate server state here."""
-
-    def compression_ratio(self, sim: "Simulation") -> float:
-        """r of paper 000's cost formula r·n·32·Round·C (m / n for compressing schemes)."""
-        return 1.0
-
-    def tags(self, sim: "Simulation") -> dict[str, str]:
-        """Extra run tags describing the scheme's set-up (e.g. which guarantee applies, or why none does)."""
-        return {}
-
-    def state_dict(self) -> dict:
-        """Server-side state (momentum, error, …) for checkpoints; subclasses add theirs to this dict."""
-        return {"server_velocity": self.velocity.cpu()} if self.velocity is not None else {}
-
-    def load_state_dict(self, state: dict) -> None:
-        v = state.get("server_velocity")
-        self.velocity = v.clone() if v is not None else None
-
-    # -- hooks of the default round ---------------------------------------------------------------
-    def downlink_message(self, sim: "Simulation", rnd: int) -> Message:
-        """What each selected client receives: the global model as float32."""
-        return Message.of_shape(sim.n, kind="model")
-
-    def payload_dim(self, sim: "Simulation") -> int:
-        """Length of the vector each client transmits (the aggregation domain)."""
-        return sim.n
-
-    def weights(self, sim: "Simulation", clients: np.ndarray) -> np.ndarray:
-        if len(clients) == 0:
-            return np.zeros(0)
-        if self.weighting == "uniform":
-            return np.full(len(clients), 1.0 / len(clients))
-        sizes = sim.data.sizes[clients].astype(np.float64)
-        return sizes / sizes.sum()
-
-    def correction(self, sim: "Simulation", clients: np.ndarray) -> torch.Tensor | None:
-        """Per-client vector subtracted from each local gradient ([K, n]), or None."""
-        return None
-
-    def encode(self, sim: "Simulation", rnd: int, clients: np.ndarray,
-               deltas: torch.Tensor) -> tuple[torch.Tensor, Message]:
-        """Client side: updates [k, n] → transmitted vectors [k, payload_dim] and one client's message."""
-        return deltas, Message.of_shape(deltas.shape[1])
-
-    def decode(self, sim: "Simulation", rnd: int, aggregate: torch.Tensor) -> torch.Tensor:
-        """Server side: aggregated vector → model update [n]."""
+    def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:
+        """Server side: the aggregate [payload_dim] (and a query's averaged exact values) → the update [n]."""
         return aggregate
 
-    def apply(self, sim: "Simulation", rnd: int, update: torch.Tensor) -> None:
-        if self.server_momentum > 0:
-            if self.velocity is None:
-                self.velocity = torch.zeros_like(update)
-            elif self.velocity.device != update.device:
-                self.velocity = self.velocity.to(update.device)
-            update = self.velocity.mul_(self.server_momentum).add_(update)
-        sim.params.add_(update, alpha=self.server_lr)
+    def query(self, rnd: int, aggregate: torch.Tensor) -> torch.Tensor | None:
+        """Server side: coordinates whose exact (averaged) values a second exchange asks for, or None."""
+        return None
 
-    def after_round(self, sim: "Simulation", rnd: int, clients: np.ndarray, update: torch.Tensor) -> None:
-        """Hook for per-client state updates once the round's update is known."""
+    def feedback(self, rnd: int, state: ClientView, sent: torch.Tensor, values: torch.Tensor | None,
+                 received: Received) -> None:
+        """Client side, after the round: update client state from its own payloads ``sent`` [K, d], its answers
+        to the query ``values`` [K, m] and what it received."""
 
-    # -- the round --------------------------------------------------------------------------------
-    def round(self, sim: "Simulation", rnd: int, clients: np.ndarray) -> dict[str, float]:
-        sim.ledger.downlink(self.downlink_message(sim, rnd), len(clients))
-        agg = sim.new_aggregator(rnd, self.weights(sim, clients), self.payload_dim(sim))
-        losses = []
-        for chunk, local, loss in sim.train(clients, rnd, self.correction(sim, clients)):
-            payload, message = self.encode(sim, rnd, chunk, local - sim.params)
-            payload = sim.privatize_upload(rnd, chunk, payload)
-            sim.ledger.uplink(message, len(chunk))
-            agg.add(payload)
-            losses.append(loss)
-        update = self.decode(sim, rnd, sim.finish_aggregate(rnd, agg))
-        self.apply(sim, rnd, update)
-        self.after_round(sim, rnd, clients, update)
-        return {"train_loss": float(torch.cat(losses).mean()) if losses else math.nan}
+    # -- checkpoints (the attributes named in ``state``) --------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.state:
+            value = state[name]
+            old = getattr(self, name, None)
+            if isinstance(value, torch.Tensor) and isinstance(old, torch.Tensor):
+                value = value.to(old.device)
+            setattr(self, name, value)

@@ -33,19 +33,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
 from fedrun.comm import Message
 from fedrun.compress.cs import SOLVERS, DCTCompressor
-from fedrun.config import ConfigError
-from fedrun.schemes.base import Scheme
+from fedrun.schemes.base import ClientView, Env, Scheme
 from fedrun.schemes.random import check_ratio
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fedrun.simulation import Simulation
 
 
 def _opt_bool(name: str, value: object) -> bool | None:
@@ -70,34 +64,23 @@ class DCTScheme(Scheme):
         self.chunks = int(chunks)
         self.shuffle = _opt_bool("shuffle", shuffle)
         self.pad_to_fast_len = _opt_bool("pad_to_fast_len", pad_to_fast_len)
-        self.comp: DCTCompressor | None = None
 
-    def setup(self, sim: "Simulation") -> None:
+    def setup(self, env: Env) -> None:
         try:
-            self.comp = DCTCompressor(sim.n, self.r, chunks=self.chunks, seed=sim.shared_seed(0, "dct_shuffle"),
-                                      shuffle=self.shuffle, pad_to_fast_len=self.pad_to_fast_len, device=sim.device)
+            self.comp = c = DCTCompressor(env.n, self.r, chunks=self.chunks, seed=env.shared_seed(0, "dct_shuffle"),
+                                          shuffle=self.shuffle, pad_to_fast_len=self.pad_to_fast_len,
+                                          device=env.device)
         except ValueError as exc:
-            raise ConfigError(f"scheme.chunks={self.chunks} with r={self.r:g} and n={sim.n}: {exc}") from None
+            raise ValueError(f"scheme.chunks={self.chunks} with r={self.r:g} and n={env.n}: {exc}") from None
+        self.n, self.m = env.n, c.m
+        self.payload_dim, self.compression_ratio = c.m, c.m / env.n
+        self.message = Message.of_shape(c.m, kind="dct_coefficients")  # 4·m bytes; the shuffle seed is fixed
+        self.tags = {"compression.m": str(c.m), "compression.r": f"{self.r:g}", "compression.chunks": str(c.chunks),
+                     "compression.shuffle": str(c.shuffle), "compression.chunk_len": str(c.chunk_len)}
 
-    @property
-    def m(self) -> int:
-        return self.comp.m
-
-    def compression_ratio(self, sim: "Simulation") -> float:
-        return self.m / sim.n
-
-    def tags(self, sim: "Simulation") -> dict[str, str]:
-        c = self.comp
-        return {"compression.m": str(c.m), "compression.r": f"{self.r:g}", "compression.chunks": str(c.chunks),
-                "compression.shuffle": str(c.shuffle), "compression.chunk_len": str(c.chunk_len)}
-
-    def payload_dim(self, sim: "Simulation") -> int:
-        return self.m
-
-    def encode(self, sim: "Simulation", rnd: int, clients: np.ndarray,
-               deltas: torch.Tensor) -> tuple[torch.Tensor, Message]:
-        """Each client: its first m DCT coefficients (4·m bytes; the shuffle seed is fixed for the run)."""
-        return self.comp.compress(deltas), Message.of_shape(self.m, kind="dct_coefficients")
+    def encode(self, rnd: int, updates: torch.Tensor, state: ClientView) -> torch.Tensor:
+        """Each client: its first m DCT coefficients."""
+        return self.comp.compress(updates)
 
 
 class FreqScheme(DCTScheme):
@@ -116,12 +99,15 @@ class FreqScheme(DCTScheme):
         super().__init__(r=r, chunks=1, shuffle=False, pad_to_fast_len=bool(pad_to_fast_len), server_lr=server_lr,
                          server_momentum=server_momentum)
 
-    def decode(self, sim: "Simulation", rnd: int, aggregate: torch.Tensor) -> torch.Tensor:
+    def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:
         return self.comp.zero_fill(aggregate)
 
 
 class CompressiveSensingScheme(DCTScheme):
     """FL-CS (paper 000, Alg. 3): DCT compression, server momentum + error feedback in R^m, BPDN decoding.
+
+    State: momentum u_t [m], accumulated compression error e_t [m], and Σ_{i<t} ρ^{2i} (the DP noise variance
+    carried by u_t, in units of (σS/qN)²).
 
     Args:
         r: compression ratio m/n in (0, 1].
@@ -137,6 +123,8 @@ class CompressiveSensingScheme(DCTScheme):
         solver_threads: torch threads during the reconstruction (null: leave torch's setting).
         server_lr: η_g of line 13.
     """
+
+    state = ("u", "e", "noise_gain")
 
     def __init__(self, r: float = 1.0, chunks: int = 4, shuffle: bool | None = None,
                  pad_to_fast_len: bool | None = None, solver: str = "fista", lam_rel: float = 0.05,
@@ -165,56 +153,38 @@ class CompressiveSensingScheme(DCTScheme):
         self.max_iter, self.tol = int(max_iter), float(tol)
         self.momentum, self.error_feedback = float(momentum), error_feedback
         self.solver_threads = solver_threads
-        self.u: torch.Tensor | None = None  # momentum u_t, [m]
-        self.e: torch.Tensor | None = None  # accumulated compression error e_t, [m]
-        self.noise_gain = 0.0  # Σ_{i<t} ρ^{2i}: DP noise variance carried by u_t, in units of (σS/qN)²
-        self.diagnostics: dict[str, float] = {}
 
-    def setup(self, sim: "Simulation") -> None:
-        super().setup(sim)
-        self.u = torch.zeros(self.m, device=sim.device)
-        self.e = torch.zeros(self.m, device=sim.device)
+    def setup(self, env: Env) -> None:
+        super().setup(env)
+        self.u = torch.zeros(self.m, device=env.device)
+        self.e = torch.zeros(self.m, device=env.device)
         self.noise_gain = 0.0
-
-    def tags(self, sim: "Simulation") -> dict[str, str]:
-        return {**super().tags(sim), "cs.solver": self.solver, "cs.max_iter": str(self.max_iter),
-                "cs.momentum": f"{self.momentum:g}", "cs.error_feedback": str(self.error_feedback)}
-
-    # -- server state (checkpointed) ----------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "u": self.u.cpu(), "e": self.e.cpu(), "noise_gain": self.noise_gain}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.u = state["u"].to(self.u.device if self.u is not None else "cpu")
-        self.e = state["e"].to(self.u.device)
-        self.noise_gain = float(state["noise_gain"])
+        self.dp_noise_std = env.dp_noise_std
+        self.tags.update({"cs.solver": self.solver, "cs.max_iter": str(self.max_iter),
+                          "cs.momentum": f"{self.momentum:g}", "cs.error_feedback": str(self.error_feedback)})
 
     # -- lines 9–12 ---------------------------------------------------------------------------------
-    def noise_std(self, sim: "Simulation") -> float:
+    def noise_std(self) -> float:
         """σ_p: std of the client-level DP noise in each coefficient of p_t (0 without DP)."""
-        dp = sim.client_dp
-        if dp is None:
-            return 0.0
-        return dp.noise_multiplier * dp.clipping_norm / dp.expected_clients * math.sqrt(self.noise_gain)
+        return 0.0 if self.dp_noise_std is None else self.dp_noise_std * math.sqrt(self.noise_gain)
 
-    def lam(self, sim: "Simulation", lam_max: float) -> float:
+    def lam(self, lam_max: float) -> float:
         """λ of line 11: lam_rel·λ_max, raised to κ·σ_p·√(2 ln n) under DP when lam_noise = κ is set."""
         lam = self.lam_rel * lam_max
-        if self.lam_noise is not None and sim.client_dp is not None:
-            lam = max(lam, self.lam_noise * self.noise_std(sim) * math.sqrt(2.0 * math.log(sim.n)))
+        if self.lam_noise is not None and self.dp_noise_std is not None:
+            lam = max(lam, self.lam_noise * self.noise_std() * math.sqrt(2.0 * math.log(self.n)))
         return lam
 
-    def decode(self, sim: "Simulation", rnd: int, aggregate: torch.Tensor) -> torch.Tensor:
+    def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:
         t0 = time.perf_counter()
         self.u.mul_(self.momentum).add_(aggregate)  # line 9
         self.noise_gain = self.momentum ** 2 * self.noise_gain + 1.0
         p = self.u + self.e  # line 10
         lam_max = self.comp.lambda_max(p)
-        lam = self.lam(sim, lam_max)
+        lam = self.lam(lam_max)
         iterations = 0
         if lam_max == 0.0 or lam >= lam_max:  # s = 0 solves BPDN
-            s = torch.zeros(sim.n, device=p.device, dtype=p.dtype)
+            s = torch.zeros(self.n, device=p.device, dtype=p.dtype)
         else:
             threads = torch.get_num_threads()
             if self.solver_threads is not None:
@@ -227,7 +197,7 @@ class CompressiveSensingScheme(DCTScheme):
         delivered = self.comp.compress(s)
         self.e = p - delivered if self.error_feedback else torch.zeros_like(p)  # line 12
         p_norm = float(p.norm())
-        self.diagnostics = {
+        self.metrics = {
             "cs_iterations": float(iterations),
             "cs_lam_rel": lam / lam_max if lam_max > 0 else math.nan,
             "cs_residual_ratio": float((p - delivered).norm()) / p_norm if p_norm > 0 else 0.0,
@@ -236,8 +206,3 @@ class CompressiveSensingScheme(DCTScheme):
             "cs_decode_seconds": time.perf_counter() - t0,
         }
         return s
-
-    def round(self, sim: "Simulation", rnd: int, clients: np.ndarray) -> dict[str, float]:
-        metrics = super().round(sim, rnd, clients)
-        metrics.update(self.diagnostics)
-        return metrics

@@ -17,33 +17,17 @@ b is the sampler's clients per round (``expected_clients``; ``all``: b = N, a_l 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
-
-from fedrun.config import ConfigError
-from fedrun.schemes.base import Scheme
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fedrun.simulation import Simulation
+from fedrun.schemes.base import Env, Scheme
 
 
 class LocalDPFedAvg(Scheme):
-    """DP-FedAvg of paper 001: FedAvg hooks with the (N/b)·(n_l/n) weights; noise comes from ``dp=local_*``."""
+    """DP-FedAvg of paper 001: FedAvg with the (N/b)·(n_l/n) weights; noise comes from ``dp=local_*``."""
 
     dp_modes = ("off", "local")  # paper 001: local DP (its (N/b)·(n_l/n) weights are not client-level DP's)
+    weighting = "population"  # a_l = (N/b)·(n_l/n) (paper 001, Alg. 1 / the noise item w_t^b)
 
-    def setup(self, sim: "Simulation") -> None:
-        if sim.spec.mode != "gd":
-            raise ConfigError(f"scheme=ldp_fedavg runs E full-batch gradient iterations per client: set "
-                              f"local_mode=gd (local_steps = E); got local_mode={sim.spec.mode}")
-        self._total = float(sim.data.sizes.sum())
-        if self._total <= 0:
-            raise ConfigError("scheme=ldp_fedavg: the clients hold no training samples")
-
-    def weights(self, sim: "Simulation", clients: np.ndarray) -> np.ndarray:
-        """a_l = (N/b)·(n_l/n) (paper 001, Alg. 1 / the noise item w_t^b)."""
-        if len(clients) == 0:
-            return np.zeros(0)
-        n_b = sim.num_clients / float(sim.sampler.expected_clients)
-        return n_b * sim.data.sizes[np.asarray(clients)].astype(np.float64) / self._total
+    def setup(self, env: Env) -> None:
+        if env.local_mode != "gd":
+            raise ValueError(f"scheme=ldp_fedavg runs E full-batch gradient iterations per client: set "
+                             f"local_mode=gd (local_steps = E); got local_mode={env.local_mode}")
+        super().setup(env)

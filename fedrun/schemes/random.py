@@ -12,17 +12,11 @@ No momentum, no error feedback (the paper's baseline). With r = 1 it is FL-STD.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
 import torch
 
 from fedrun.comm import SEED_BYTES, Message
 from fedrun.compress.masks import RandomCoordinates
-from fedrun.schemes.base import Scheme
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fedrun.simulation import Simulation
+from fedrun.schemes.base import ClientView, Env, Scheme
 
 
 def check_ratio(r: object) -> float:
@@ -47,31 +41,17 @@ class RandomCoordinatesScheme(Scheme):
     def __init__(self, r: float = 1.0, server_lr: float = 1.0, server_momentum: float = 0.0) -> None:
         super().__init__(server_lr=server_lr, server_momentum=server_momentum)
         self.r = check_ratio(r)
-        self.coords: RandomCoordinates | None = None
 
-    def setup(self, sim: "Simulation") -> None:
-        self.coords = RandomCoordinates(sim.n, self.r, seed=sim.shared_seed(0, "fl_rnd"), device=sim.device)
+    def setup(self, env: Env) -> None:
+        self.coords = RandomCoordinates(env.n, self.r, seed=env.shared_seed(0, "fl_rnd"), device=env.device)
+        m = self.coords.m
+        self.payload_dim, self.compression_ratio = m, m / env.n
+        #: one client's upload: m float32 values and the round's shared seed (4·m + 8 bytes)
+        self.message = Message.of_shape(m, extra_bytes=SEED_BYTES, kind="random_coordinates")
+        self.tags = {"compression.m": str(m), "compression.r": f"{self.r:g}"}
 
-    @property
-    def m(self) -> int:
-        return self.coords.m
+    def encode(self, rnd: int, updates: torch.Tensor, state: ClientView) -> torch.Tensor:
+        return self.coords.compress(updates, rnd)
 
-    def compression_ratio(self, sim: "Simulation") -> float:
-        return self.m / sim.n
-
-    def tags(self, sim: "Simulation") -> dict[str, str]:
-        return {"compression.m": str(self.m), "compression.r": f"{self.r:g}"}
-
-    def payload_dim(self, sim: "Simulation") -> int:
-        return self.m
-
-    def message(self) -> Message:
-        """One client's upload: m float32 values and the round's shared seed (4·m + 8 bytes)."""
-        return Message.of_shape(self.m, extra_bytes=SEED_BYTES, kind="random_coordinates")
-
-    def encode(self, sim: "Simulation", rnd: int, clients: np.ndarray,
-               deltas: torch.Tensor) -> tuple[torch.Tensor, Message]:
-        return self.coords.compress(deltas, rnd), self.message()
-
-    def decode(self, sim: "Simulation", rnd: int, aggregate: torch.Tensor) -> torch.Tensor:
+    def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:
         return self.coords.decompress(aggregate, rnd)

@@ -27,17 +27,10 @@ results/fedsketch/sketchedsgd_heavy.md (experiment=fedsketch_sketchedsgd_heavy),
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
 import torch
 
-from fedrun.comm import Message
-from fedrun.config import ConfigError
+from fedrun.schemes.base import ClientView, Env, Received
 from fedrun.schemes.sketch import SketchScheme
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fedrun.simulation import Simulation
 
 MOMENTUM = "sketchedsgd_momentum"
 ERROR = "sketchedsgd_error"
@@ -47,8 +40,9 @@ class SketchedSGD(SketchScheme):
     """SketchedSGD with worker momentum ρ (``momentum``) and error accumulation; m = ``num_heavy`` (default k)."""
 
     dp_modes = ("off",)  # its second exchange sends exact coordinates that DP on the sketch does not cover
-
-    sends_exact_values = True
+    broadcast = "none"  # every worker keeps a replica; it receives the sparse update (v̄, H) only
+    query_source = ERROR  # the second exchange sends v_j[H]
+    queries = True
 
     def __init__(self, rows: int = 20, cols: int = 40, num_heavy: int | None = None, momentum: float = 0.9,
                  hashes: str = "fixed", weighting: str = "uniform", server_lr: float = 1.0) -> None:
@@ -63,41 +57,33 @@ class SketchedSGD(SketchScheme):
                 "on the sketch does not cover; allowed with dp=true: scheme=fedsketch with unsketch=privix or "
                 "heavy_values=sketch")
 
-    def setup(self, sim: "Simulation") -> None:
-        if sim.spec.steps != 1:
-            raise ConfigError(f"scheme=sketchedsgd takes one local step per round (τ = 1); got "
-                              f"local_steps={sim.spec.steps}; allowed: local_steps=1")
-        super().setup(sim)
+    def setup(self, env: Env) -> None:
+        if env.local_steps != 1:
+            raise ValueError(f"scheme=sketchedsgd takes one local step per round (τ = 1); got "
+                             f"local_steps={env.local_steps}; allowed: local_steps=1")
+        super().setup(env)
 
-    def round(self, sim: "Simulation", rnd: int, clients: np.ndarray) -> dict[str, float]:
-        cs = self.sketch(sim, rnd)
-        n, rho = sim.n, self.momentum
-        weights = self.weights(sim, clients)
+    def encode(self, rnd: int, updates: torch.Tensor, state: ClientView) -> torch.Tensor:
+        u, v = state.get(MOMENTUM, self.n), state.get(ERROR, self.n)
+        u.mul_(self.momentum).add_(-updates)  # u ← ρu + ηg
+        v.add_(u)  # v ← v + u
+        state.set(MOMENTUM, u)
+        state.set(ERROR, v)
+        return self.sketch(rnd).sketch(v).reshape(len(v), -1)
 
-        def accumulated():
-            for ids, local, loss in sim.train(clients, rnd):
-                u = sim.client_state.get(MOMENTUM, ids, n)
-                v = sim.client_state.get(ERROR, ids, n)
-                u.mul_(rho).add_(sim.params - local)  # u ← ρu + ηg
-                v.add_(u)  # v ← v + u
-                sim.client_state.set(MOMENTUM, ids, u)
-                sim.client_state.set(ERROR, ids, v)
-                yield ids, v, loss
+    def query(self, rnd: int, aggregate: torch.Tensor) -> torch.Tensor:
+        """H = top-m of |PRIVIX[S̄]|, sent to the participants."""
+        self.H = self.sketch(rnd).heavy_hitters(aggregate.reshape(self.rows, self.cols), self.m)
+        return self.H
 
-        S_bar, V, _, losses = self._sketch_and_aggregate(sim, rnd, clients, weights, cs, accumulated(), keep=True)
-        m = min(self.heavy, n)
-        H = cs.heavy_hitters(S_bar, m)
-        K = len(clients)
-        sim.ledger.downlink(Message.of(H.to(torch.int32), kind="heavy_indices"), K)
-        if K:
-            v_bar = self._exact_values(sim, V, H, weights)
-        else:
-            v_bar = torch.zeros(m, device=sim.device)
-        sim.ledger.downlink(Message.of(v_bar, H.to(torch.int32), kind="sparse_update"), sim.num_clients)
-        sim.params.index_add_(0, H, v_bar, alpha=-self.server_lr)
-        if K:
-            for name in (MOMENTUM, ERROR):
-                state = sim.client_state.get(name, clients, n)
-                state[:, H] = 0.0
-                sim.client_state.set(name, clients, state)
-        return self._round_metrics(losses)
+    def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:
+        """x ← x − γ·v̄ on H."""
+        return torch.zeros(self.n, device=aggregate.device).index_put_((self.H,), -exact)
+
+    def feedback(self, rnd: int, state: ClientView, sent: torch.Tensor, values: torch.Tensor | None,
+                 received: Received) -> None:
+        """Participating workers set u_j[H] = v_j[H] = 0."""
+        for name in (MOMENTUM, ERROR):
+            rows = state.get(name, self.n)
+            rows[:, received.indices] = 0.0
+            state.set(name, rows)

@@ -32,29 +32,31 @@ def test_audit_lower_bound_is_below_the_accountants_epsilon(fast_cfg, tmp_path, 
 
 
 @pytest.mark.parametrize("scheme", ["fl_std", "fl_cs"])
-def test_negative_control_without_noise_is_caught(fast_cfg, tmp_path, scheme):
-    """The same run with the noise removed while ε = 1 is still claimed: the audit's lower bound (95 %
-    confidence) is above the claimed ε, i.e. the audit detects the missing noise."""
-    summary = run(fast_cfg(*BASE, *SCHEMES[scheme], "audit.negative_control=true"), out_dir=tmp_path)
+def test_negative_control_without_noise_is_caught(fast_cfg, tmp_path, scheme, monkeypatch):
+    """The same run with a privatizer that adds no noise while ε = 1 is still claimed (a test double: no run can
+    ask for it): the audit's lower bound (95 % confidence) is above the claimed ε, i.e. it detects the missing
+    noise."""
+    from fedrun.simulation import Privatizer
+
+    monkeypatch.setattr(Privatizer, "noise_multiplier", property(lambda self: 0.0))
+    summary = run(fast_cfg(*BASE, *SCHEMES[scheme]), out_dir=tmp_path)
     assert summary["epsilon_final"] <= 1.0 < summary["audit_epsilon_lower"]
 
 
 def test_canaries_go_through_the_dp_sum_and_are_not_counted_as_uploads(fast_cfg):
-    """Canary rows are clipped in the same DP sum as the clients' uploads (the privacy check still passes: it
-    compares the clients' uploads with the rows that were not canaries)."""
+    """Canary rows are clipped in the same DP sum as the clients' uploads; the ledger counts the clients' only."""
     sim = build(_plain(fast_cfg(*BASE, "scheme=fl_std"))).sim
-    sim.start_round()
-    sim.scheme.round(sim, 1, sim.select(1))
-    sim.check_privacy(1)
+    sim.run_round(1)
     k = int(sim.canaries.participations.sum())
-    assert k > 0 and sim.last_dp_diagnostics["dp_clients"] == len(sim.select(1)) + k
+    assert k > 0 and sim.privatizer.diagnostics["dp_clients"] == len(sim.select(1)) + k
+    assert sim.ledger.uplink_messages_round == len(sim.select(1))
     assert not sim.canaries.participations[~sim.canaries.included].any()  # only included canaries take part
 
 
 @pytest.mark.parametrize("extra,message", [
     (["dp=false"], "audit.canaries=400 audits client-level DP"),
     (["audit.canaries=-1"], "audit.canaries=-1 must be an integer >= 0"),
-    (["audit.canaries=0", "audit.negative_control=true"], "audit.negative_control=true needs audit.canaries > 0"),
+    (["audit.negative_control=true"], "audit.negative_control=true is not a run option"),
     (["audit.confidence=1.5"], "audit.confidence=1.5 is outside (0, 1)"),
 ])
 def test_bad_audit_settings_are_one_line_errors(fast_cfg, extra, message):

@@ -93,9 +93,7 @@ def rounds(built, n: int) -> list[dict[str, float]]:
     """What run_rounds does per round (selection, ledger, scheme round), keeping the metrics."""
     sim, out = built.sim, []
     for rnd in range(1, n + 1):
-        clients = sim.select(rnd)
-        sim.ledger.start_round()
-        m = sim.scheme.round(sim, rnd, clients)
+        m = built.run_round(rnd)
         m.update(sim.ledger.metrics())
         out.append(m)
     return out
@@ -177,7 +175,7 @@ def test_ftl_c_with_one_full_batch_step_is_centralised_sgd_on_features(env):
     for rnd in range(1, 4):
         clients = sim.select(rnd)
         chosen.append(clients)
-        sim.scheme.round(sim, rnd, clients)
+        sim.run_round(rnd, clients)
     model = sim.model
     sim.layout.load_into(model, p0)
     with torch.no_grad():
@@ -199,7 +197,7 @@ def test_ftl_c_with_one_full_batch_step_is_centralised_sgd_on_features(env):
 @pytest.mark.parametrize("hold", [False, True])
 def test_fbftl_uploads_once_shuffled_and_trains_at_the_server(env, hold):
     built = build(cfg(env, "fbftl", f"scheme.clients_hold_source={str(hold).lower()}", "rounds=3"))
-    sim, scheme = built.sim, built.sim.scheme
+    sim, runner = built.sim, built.runner
     m = rounds(built, 3)
     label_bytes = 1  # uint8 for 10 classes
     assert m[0]["uplink_bytes"] == N_TRAIN * (4 * N_FEAT + label_bytes)
@@ -214,8 +212,8 @@ def test_fbftl_uploads_once_shuffled_and_trains_at_the_server(env, hold):
     with torch.no_grad():
         z_ref = sim.model.features(sim.data.x, 9)
     client_order = torch.cat([torch.as_tensor(p) for p in sim.data.parts])
-    assert not torch.equal(scheme.y, sim.data.y[client_order])
-    assert torch.equal(torch.sort(scheme.y).values, torch.sort(sim.data.y).values)
+    assert not torch.equal(runner.y, sim.data.y[client_order])
+    assert torch.equal(torch.sort(runner.y).values, torch.sort(sim.data.y).values)
     key = lambda z: torch.sort(z @ torch.linspace(1, 2, N_FEAT, dtype=z.dtype)).values  # noqa: E731 - row fingerprint
     # float32 features by client vs in one batch: both within the worst-case round-off of f¹'s sums (25 + 1, 150 + 1,
     # 400 + 1 terms) and the fingerprint's 120, at the scale of their terms: f¹ with |weights| on |x| bounds every
@@ -225,7 +223,7 @@ def test_fbftl_uploads_once_shuffled_and_trains_at_the_server(env, hold):
         for p in absf1.parameters():
             p.abs_()
         scale = key(absf1.features(sim.data.x.double().abs(), 9)).max()
-    assert_f32_close(key(scheme.z), key(z_ref), scale, terms=2 * (26 + 151 + 401 + N_FEAT))
+    assert_f32_close(key(runner.z), key(z_ref), scale, terms=2 * (26 + 151 + 401 + N_FEAT))
     # leakage of this upload: 300 clients with K = 10 labels each, 10 classes
     assert 0 < m[0]["label_leakage_expected_bits"] < m[0]["label_prior_bits"]
     # f¹ stays the source's; f² trained
@@ -251,28 +249,22 @@ def test_source_model_is_reused_from_the_cache(env):
 
 # ------------------------------------------------------------------------------------ checkpoint / resume
 @pytest.mark.parametrize("scheme,extra", [("ftl_c", []), ("fbftl", ["scheme.server_momentum=0.5"])])
-def test_scheme_state_resumes_exactly(env, scheme, extra):
+def test_scheme_state_resumes_exactly(env, scheme, extra, tmp_path):
     """Rounds 1-2, the state a checkpoint holds (through torch.save), a fresh build, round 3 = an
     uninterrupted 3-round run: same parameters and byte counts; FbFTL sends nothing again."""
-    import io
+    from fedrun.checkpoint import load_into, save_checkpoint
+    from fedrun.run import LoopState
 
     whole = build(cfg(env, scheme, "rounds=3", *extra))
     ref = rounds(whole, 3)
-    first = build(cfg(env, scheme, "rounds=3", *extra))
+    c = cfg(env, scheme, "rounds=3", *extra)
+    first = build(c)
     rounds(first, 2)
-    buf = io.BytesIO()
-    torch.save({"scheme": first.sim.scheme.state_dict(), "params": first.sim.params,
-                "ledger": first.sim.ledger.state_dict()}, buf)
-    buf.seek(0)
-    state = torch.load(buf, weights_only=False)
+    path = save_checkpoint(tmp_path, first, c, LoopState(round=2), None)
     again = build(cfg(env, scheme, "rounds=3", *extra))
+    load_into(path, again, LoopState())
     sim = again.sim
-    sim.params.copy_(state["params"])
-    sim.scheme.load_state_dict(state["scheme"])
-    sim.ledger.load_state_dict(state["ledger"])
-    clients = sim.select(3)
-    sim.ledger.start_round()
-    m = sim.scheme.round(sim, 3, clients)
+    m = again.run_round(3)
     m.update(sim.ledger.metrics())
     assert torch.equal(sim.params, whole.sim.params)
     for k in ("uplink_bytes", "uplink_bytes_total", "downlink_bytes_total", "downlink_broadcast_bytes_total",

@@ -32,7 +32,7 @@ def cfg(shared_data):
 def _final_params(c: dict) -> torch.Tensor:
     sim = build(c).sim
     for rnd in range(1, int(c["rounds"]) + 1):
-        sim.scheme.round(sim, rnd, sim.select(rnd))
+        sim.run_round(rnd, sim.select(rnd))
     return sim.params
 
 
@@ -58,7 +58,7 @@ def test_aggregate_uses_paper_weights(cfg):
     a = (10 / 5) * sizes[clients] / sizes.sum()
     terms = torch.as_tensor(a)[:, None] * (local.double() - w0.double())
     expected = w0.double() + terms.sum(0)
-    sim.scheme.round(sim, 1, clients)
+    sim.run_round(1, clients)
     # float32 round-off: Δ_l, the weights' cast, a sum of b products, + w0
     assert_f32_close(sim.params, expected, (w0, 1), terms.abs().sum(0), terms=len(clients) + 3)
     assert not math.isclose(float(a.sum()), 1.0)  # unequal clients: the paper's weights do not sum to 1
@@ -129,7 +129,7 @@ def test_state_dict_resume_equals_uninterrupted_run(cfg, tmp_path):
     def rounds(sim, rs):
         eps = []
         for rnd in rs:
-            sim.scheme.round(sim, rnd, sim.select(rnd))
+            sim.run_round(rnd, sim.select(rnd))
             eps.append(sim.epsilon())
         return eps
 

@@ -46,8 +46,7 @@ def test_fedavg_round_is_the_size_weighted_average_and_bytes_are_exact(fast_cfg)
     weights = torch.as_tensor(sizes / sizes.sum())[:, None]
     terms = weights * (local.double() - w0.double())
     expected = w0.double() + terms.sum(0)  # float64 reference from the same float32 inputs
-    sim.ledger.start_round()
-    sim.scheme.round(sim, 1, clients)
+    sim.run_round(1, clients)
     # float32 round-off: Δ = local − w0, the weights' cast, a sum of K products, + w0
     assert_f32_close(sim.params, expected, (w0, 1), terms.abs().sum(0), terms=len(clients) + 3)
     k, n = len(clients), 61_706
@@ -127,25 +126,19 @@ def test_early_stopping_holds_out_data_and_stops(fast_cfg, tmp_path):
     assert "val_mse" in _rows(tmp_path / "metrics.csv")[0]
 
 
-class NaNLossScheme:
-    """FedAvg whose clients report a NaN training loss from round 2 on (the model itself stays finite)."""
-
-    def __new__(cls, **kwargs):
-        from fedrun.schemes.fedavg import FedAvg
-
-        class _NaNLoss(FedAvg):
-            def round(self, sim, rnd, clients):
-                metrics = super().round(sim, rnd, clients)
-                return {**metrics, "train_loss": float("nan")} if rnd >= 2 else metrics
-
-        return _NaNLoss(**kwargs)
-
-
-def test_a_nan_training_loss_stops_the_run(fast_cfg, tmp_path):
+def test_a_nan_training_loss_stops_the_run(fast_cfg, tmp_path, monkeypatch):
+    """Clients that report a NaN training loss from round 2 on (the model itself stays finite)."""
     from fedrun.run import RunDiverged
+    from fedrun.simulation import Simulation
 
+    train = Simulation.train
+
+    def nan_from_round_2(self, clients, rnd, correction=None):
+        for ids, local, loss in train(self, clients, rnd, correction):
+            yield ids, local, loss * float("nan") if rnd >= 2 else loss
+
+    monkeypatch.setattr(Simulation, "train", nan_from_round_2)
     cfg = _plain(fast_cfg("dataset=mnist", "model=lenet5", "rounds=4", "sampler=all", "num_clients=10"))
-    cfg["scheme"] = {"_target_": f"{__name__}.NaNLossScheme"}
     with pytest.raises(RunDiverged, match="diverged at round 2"):
         run(cfg, out_dir=tmp_path)
     with open(tmp_path / "metrics.csv") as f:

@@ -1,8 +1,7 @@
 """The scheme contract (README "Adding a scheme"), checked for every scheme config in conf/scheme/ (discovered).
 
 For each scheme: its class declares ``dp_modes`` ⊆ {off, client, local} with "off" in it. Two rounds built by
-``fedrun.run.build`` and driven by the runner's own loop (``run_rounds``, which calls ``sim.check_privacy`` after
-every round) record uplink bytes equal to the sum of the messages the scheme handed the ledger, at least one
+``fedrun.run.build`` and driven by the runner's own loop (``run_rounds``) record uplink bytes equal to the sum of the messages the scheme handed the ledger, at least one
 message per selected client, and the bytes its ``compression_ratio`` promises (r·n 32-bit words per client and
 round, plus a few bytes of seeds); the first aggregator receives one row per selected client, as wide as the
 scheme's ``payload_dim`` and with no more non-zero values than were sent; the global model changes every round.
@@ -117,33 +116,34 @@ def small_mnist(_datasets_loaded_once):
 
 
 class Observer:
-    """Records, round by round, what a simulation's scheme did through the simulation's services: the clients
-    selected, every message given to ``ledger.uplink``, every aggregator from ``new_aggregator`` and the rows
-    (and their width) added to it, whether the global model changed, and the privacy counters after
-    ``check_privacy`` (which still raises PrivacyCheckFailed as it would in a run)."""
+    """Records, round by round, what the round did through the simulation's stages: the clients selected, every
+    message given to ``ledger.uplink``, every aggregator the privatizer opened and the rows (and their width)
+    added to it, the rows the privatizer noised (local DP), and whether the global model changed."""
 
-    def __init__(self, sim) -> None:
+    def __init__(self, built) -> None:
+        sim = built.sim
         self.rounds: list[dict] = []
-        self._clients = 0
         self._cur: dict = {}
-        select, start, uplink = sim.select, sim.start_round, sim.ledger.uplink
-        new_aggregator, check = sim.new_aggregator, sim.check_privacy
+        run_round, uplink, open_, upload = built.runner.run_round, sim.ledger.uplink, sim.privatizer.open, \
+            sim.privatizer.upload
 
-        def select_spy(rnd):
-            clients = select(rnd)
-            self._clients = len(clients)
-            return clients
-
-        def start_spy():
-            start()
-            self._cur = {"clients": self._clients, "before": sim.params.clone(), "messages": [], "aggregators": []}
+        def run_round_spy(rnd):
+            self._cur = {"before": sim.params.clone(), "messages": [], "aggregators": [], "noised": 0}
+            metrics = run_round(rnd)
+            cur = self._cur
+            cur.update(round=rnd, clients=int(metrics["clients"]), changed=not torch.equal(cur.pop("before"),
+                                                                                           sim.params),
+                       uplink_bytes=sim.ledger.uplink_round, uplink_messages=sim.ledger.uplink_messages_round,
+                       events=len(sim.accountant.events) if sim.accountant is not None else None)
+            self.rounds.append(cur)
+            return metrics
 
         def uplink_spy(message, count=1):
             self._cur["messages"].append((message.nbytes, int(count)))
             uplink(message, count)
 
-        def new_aggregator_spy(rnd, weights, dim):
-            agg = new_aggregator(rnd, weights, dim)
+        def open_spy(rnd, clients, weights, dim):
+            agg = open_(rnd, clients, weights, dim)
             rec = {"dim": int(dim), "widths": set(), "rows": 0, "nonzeros": 0}
             add = agg.add
 
@@ -158,23 +158,17 @@ class Observer:
             self._cur["aggregators"].append(rec)
             return agg
 
-        def check_spy(rnd):
-            check(rnd)
-            cur = self._cur
-            cur.update(round=rnd, changed=not torch.equal(cur.pop("before"), sim.params),
-                       uplink_bytes=sim.ledger.uplink_round, uplink_messages=sim.ledger.uplink_messages_round,
-                       events=len(sim.accountant.events) if sim.accountant is not None else None,
-                       noised=sim.local_dp.round_noised_rows if sim.local_dp is not None else None)
-            self.rounds.append(cur)
+        def upload_spy(rnd, clients, payload):
+            self._cur["noised"] += len(clients) if sim.local_dp is not None else 0
+            return upload(rnd, clients, payload)
 
-        sim.select, sim.start_round, sim.ledger.uplink = select_spy, start_spy, uplink_spy
-        sim.new_aggregator, sim.check_privacy = new_aggregator_spy, check_spy
+        built.runner.run_round, sim.ledger.uplink = run_round_spy, uplink_spy
+        sim.privatizer.open, sim.privatizer.upload = open_spy, upload_spy
 
 
 def _two_rounds(c: dict, tmp_path: Path):
     built = build(c)
-    sim = built.sim
-    obs = Observer(sim)
+    obs = Observer(built)
     loop = LoopState()
     return built, obs, loop, (lambda: run_rounds(built, c, NullTracker(), tmp_path, loop))
 
@@ -190,12 +184,13 @@ def test_scheme_declares_its_dp_modes(scheme):
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_two_rounds_keep_the_contract(scheme, small_mnist, shared_data, tmp_path):
     built, obs, loop, go = _two_rounds(_config(shared_data, scheme, "off"), tmp_path)
-    go()  # run_rounds, the runner's loop: sim.check_privacy after every round
-    _check_rounds(scheme, built.sim, obs, loop)
+    go()  # run_rounds, the runner's loop
+    _check_rounds(scheme, built, obs, loop)
 
 
-def _check_rounds(scheme: str, sim, obs: Observer, loop: LoopState) -> None:
+def _check_rounds(scheme: str, built, obs: Observer, loop: LoopState) -> None:
     """What every scheme owes the simulation, round by round (module docstring)."""
+    sim = built.sim
     assert [r["round"] for r in obs.rounds] == [1, 2]
     for rec, row in zip(obs.rounds, loop.rows):
         sent = sum(nbytes * count for nbytes, count in rec["messages"])
@@ -205,13 +200,13 @@ def _check_rounds(scheme: str, sim, obs: Observer, loop: LoopState) -> None:
             continue                       # server trains alone (checked in _check_one_shot_upload below)
         assert rec["clients"] > 0, f"scheme={scheme}: no client selected in round {rec['round']}"
         assert rec["uplink_messages"] >= rec["clients"], (scheme, rec)
-        words = sim.scheme.compression_ratio(sim) * sim.n  # r·n 32-bit words per client and round
+        words = sim.scheme.compression_ratio * sim.n  # r·n 32-bit words per client and round
         per_client = rec["uplink_bytes"] / rec["clients"]
         assert 4 * words - 1e-6 * words <= per_client <= 4 * words + EXTRA_BYTES, \
             f"scheme={scheme}: {per_client:g} uplink bytes per client; compression_ratio says 4·r·n = {4 * words:g}"
         assert rec["aggregators"], f"scheme={scheme}: no aggregator from sim.new_aggregator"
         payload = rec["aggregators"][0]
-        assert payload["dim"] == sim.scheme.payload_dim(sim), (scheme, payload)
+        assert payload["dim"] == sim.scheme.payload_dim, (scheme, payload)
         assert payload["rows"] == rec["clients"], (scheme, payload)
         assert payload["nonzeros"] <= per_client / 4, f"scheme={scheme}: a payload row has {payload['nonzeros']} " \
             f"non-zero values but a client sends {per_client:g} bytes: the server aggregates more than was sent"
@@ -219,14 +214,15 @@ def _check_rounds(scheme: str, sim, obs: Observer, loop: LoopState) -> None:
             assert agg["widths"] <= {agg["dim"]}, f"scheme={scheme}: rows of width {agg['widths']} added to an " \
                                                   f"aggregator of dimension {agg['dim']}"
     if isinstance(sim.scheme, FbFTL):
-        _check_one_shot_upload(sim, obs)
+        _check_one_shot_upload(built, obs)
 
 
-def _check_one_shot_upload(sim, obs: Observer) -> None:
+def _check_one_shot_upload(built, obs: Observer) -> None:
+    sim = built.sim
     first, second = obs.rounds
     holders = int((sim.data.sizes > 0).sum())
     assert first["uplink_messages"] == holders  # one message per client with data, selected or not
-    assert first["uplink_bytes"] == int(sim.data.sizes.sum()) * (4 * sim.scheme.features + 1)  # float32 z, uint8 y
+    assert first["uplink_bytes"] == int(sim.data.sizes.sum()) * (4 * built.runner.facts["features"] + 1)  # float32 z, uint8 y
     assert second["uplink_messages"] == 0 and not second["aggregators"]
 
 
@@ -240,10 +236,10 @@ def test_declared_dp_mode_runs_through_the_dp_path(scheme, mode, small_mnist, sh
     built, obs, loop, go = _two_rounds(_config(shared_data, scheme, mode), tmp_path)
     sim = built.sim
     if mode == "local":  # local DP's noise is calibrated to the n-dimensional update (LocalDP.privatize)
-        assert sim.scheme.payload_dim(sim) == sim.n, f"scheme={scheme} declares local DP but transmits " \
-            f"{sim.scheme.payload_dim(sim)} of n={sim.n} values; declare dp_modes without \"local\""
-    go()  # run_rounds calls sim.check_privacy after each round: PrivacyCheckFailed ends the test here
-    _check_rounds(scheme, sim, obs, loop)
+        assert sim.scheme.payload_dim == sim.n, f"scheme={scheme} declares local DP but transmits " \
+            f"{sim.scheme.payload_dim} of n={sim.n} values; declare dp_modes without \"local\""
+    go()
+    _check_rounds(scheme, built, obs, loop)
     for rec in obs.rounds:
         if mode == "client":
             assert rec["events"] == rec["round"], f"scheme={scheme}: {rec['events']} accountant events after round " \

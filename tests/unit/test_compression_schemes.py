@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from fedrun.comm import SEED_BYTES
-from fedrun.config import ConfigError
 from fedrun.sampling import PoissonSampler, UniformSampler
 from fedrun.schemes.dct import CompressiveSensingScheme, FreqScheme
 from fedrun.schemes.fedavg import FedAvg
@@ -57,9 +56,9 @@ def round_with_reference(sim: Simulation, rnd: int):
     clients = sim.select(rnd)
     w0 = sim.params.clone()
     local = local_models(sim, clients, rnd)
-    weights = sim.scheme.weights(sim, clients)
-    sim.ledger.start_round()
-    metrics = sim.scheme.round(sim, rnd, clients)
+    weights = sim.weights(clients)
+    metrics = sim.run_round(rnd)  # selects the same clients (sim.select) and starts the ledger's round
+    assert metrics["clients"] == len(clients)
     return clients, w0.double().numpy(), (local - w0).double().numpy(), weights, metrics
 
 
@@ -83,9 +82,9 @@ def test_fl_freq_at_r_1_is_fl_std():
         clients = a.select(rnd)
         w0 = a.params.clone()
         deltas = (local_models(a, clients, rnd) - w0).double().numpy()
-        weights = a.scheme.weights(a, clients)
+        weights = a.weights(clients)
         for sim in (a, b):
-            sim.scheme.round(sim, rnd, clients)
+            assert sim.run_round(rnd)["clients"] == len(clients)
         # both float32: FedAvg's weighted sum; FL-FREQ's DCT of each Δ_k, weighted sum, inverse DCT, + w0
         scale = sum(w * l2(d) for w, d in zip(weights, deltas))
         assert_f32_close(a.params, b.params, (w0, 2), scale, terms=2 * (len(clients) + 2 * DIM + 4),
@@ -103,7 +102,7 @@ def test_fl_freq_update_is_the_zero_filled_inverse_dct_of_the_mean_coefficients(
     # float32: Δ_k, its DCT (≤ n roundings of ‖Δ_k‖₂), the weighted sum, the inverse DCT, + w0
     scale = sum(w * l2(d) for w, d in zip(weights, deltas))
     assert_f32_close(sim.params, expected, (w0, 1), scale, terms=2 * DIM + len(weights) + 4)
-    assert sim.scheme.m == m and sim.scheme.compression_ratio(sim) == m / DIM
+    assert sim.scheme.m == m and sim.scheme.compression_ratio == m / DIM
 
 
 # ------------------------------------------------------------------------------ FL-RND
@@ -199,14 +198,14 @@ def test_fl_cs_state_dict_resumes_exactly():
 
     full = make_sim(scheme())
     for rnd in (1, 2, 3):
-        full.scheme.round(full, rnd, full.select(rnd))
+        full.run_round(rnd)
     first = make_sim(scheme())
     for rnd in (1, 2):
-        first.scheme.round(first, rnd, first.select(rnd))
+        first.run_round(rnd)
     second = make_sim(scheme())
     second.params.copy_(first.params)
     second.scheme.load_state_dict(first.scheme.state_dict())
-    second.scheme.round(second, 3, second.select(3))
+    second.run_round(3)
     torch.testing.assert_close(second.params, full.params, atol=0, rtol=0)
     torch.testing.assert_close(second.scheme.e, full.scheme.e, atol=0, rtol=0)
 
@@ -218,7 +217,7 @@ def test_fl_cs_owlqn_and_fista_reach_the_same_bpdn_objective():
     values = []
     for sim in sims:
         w0 = sim.params.double().numpy()
-        sim.scheme.round(sim, 1, sim.select(1))
+        sim.run_round(1)
         p, s = sim.scheme.u.double().numpy(), sim.params.double().numpy() - w0  # round 1, ρ = 0: p = y
         lam = sim.scheme.lam_rel * np.abs(phi.T @ p).max()
         values.append(0.5 * np.sum((p - phi @ s) ** 2) + lam * np.abs(s).sum())
@@ -238,7 +237,7 @@ def test_uplink_is_4m_plus_the_seed_per_selected_client(scheme, extra):
     sim = make_sim(scheme())
     clients, *_ = round_with_reference(sim, 1)
     m = math.ceil(0.1 * DIM)
-    assert sim.scheme.payload_dim(sim) == m
+    assert sim.scheme.payload_dim == m
     assert sim.ledger.uplink_round == len(clients) * (4 * m + extra)
     assert sim.ledger.downlink_round == len(clients) * 4 * DIM
 
@@ -269,7 +268,7 @@ def test_dp_fl_rnd_clips_the_m_coordinates_it_sends():
     update[idx] = np.abs(clipped).sum(0) / DP0.expected_clients
     assert_f32_close(sim.params, expected, (w0, 1), update, terms=K + m + 5)
     # a mean of K float32 norms of m coordinates: relative round-off
-    assert sim.last_dp_diagnostics["dp_mean_norm"] == pytest.approx(np.linalg.norm(sent, axis=1).mean(),
+    assert sim.privatizer.diagnostics["dp_mean_norm"] == pytest.approx(np.linalg.norm(sent, axis=1).mean(),
                                                                     rel=f32_tol(1.0, terms=K + m + 3))
 
 
@@ -286,7 +285,7 @@ def test_dp_dct_schemes_clip_the_m_coefficients_they_send(make):
     K = len(deltas)
     norm_tol = f32_tol(np.sqrt(m) * np.linalg.norm(deltas, axis=1).mean(), terms=DIM + m + 3)
     mean_norm = np.linalg.norm(coefs, axis=1).mean()
-    assert sim.last_dp_diagnostics["dp_mean_norm"] == pytest.approx(mean_norm, abs=norm_tol)
+    assert sim.privatizer.diagnostics["dp_mean_norm"] == pytest.approx(mean_norm, abs=norm_tol)
     s = sim.params.double().numpy() - w0
     # float32: the coefficients, the clip, a sum of K, ÷ E, the inverse DCT; s read back from w_t carries w_t's rounding
     y_scale = K * 0.02 / DP0.expected_clients  # ‖y‖₂ ≤ Σ‖clip‖₂ ≤ K·S/E
@@ -303,13 +302,13 @@ def test_dp_noise_raises_lambda_with_lam_noise():
     dp = ClientDP(clipping_norm=0.5, noise_multiplier=2.0, sampling_probability=0.99, expected_clients=5.0, delta=1e-5)
     scheme = CompressiveSensingScheme(r=0.3, chunks=1, momentum=0.5, lam_rel=0.01, lam_noise=1.0, max_iter=5)
     sim = make_sim(scheme, client_dp=dp)
-    sim.scheme.round(sim, 1, sim.select(1))
+    sim.run_round(1)
     sigma_p = 2.0 * 0.5 / 5.0  # one round: Σ ρ^{2i} = 1
-    assert scheme.noise_std(sim) == pytest.approx(sigma_p)
-    assert scheme.lam(sim, 1e9) == pytest.approx(0.01 * 1e9)  # lam_rel wins when it is larger
-    assert scheme.lam(sim, 1e-9) == pytest.approx(sigma_p * math.sqrt(2 * math.log(DIM)))
-    sim.scheme.round(sim, 2, sim.select(2))
-    assert scheme.noise_std(sim) == pytest.approx(sigma_p * math.sqrt(1 + 0.25))
+    assert scheme.noise_std() == pytest.approx(sigma_p)
+    assert scheme.lam(1e9) == pytest.approx(0.01 * 1e9)  # lam_rel wins when it is larger
+    assert scheme.lam(1e-9) == pytest.approx(sigma_p * math.sqrt(2 * math.log(DIM)))
+    sim.run_round(2)
+    assert scheme.noise_std() == pytest.approx(sigma_p * math.sqrt(1 + 0.25))
 
 
 # ------------------------------------------------------------------------------ bad input
@@ -328,6 +327,8 @@ def test_bad_scheme_values_are_named(make, message):
         make()
 
 
-def test_more_chunks_than_coefficients_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"scheme.chunks=10 with r=0.1 and n=52: chunks=10; allowed: 1 <= chunks <= m=6"):
+def test_more_chunks_than_coefficients_is_refused_at_setup():
+    # the scheme's setup (run by the Simulation's constructor) raises ValueError; fedrun.run.build reports it as a
+    # ConfigError
+    with pytest.raises(ValueError, match=r"scheme.chunks=10 with r=0.1 and n=52: chunks=10; allowed: 1 <= chunks <= m=6"):
         make_sim(CompressiveSensingScheme(r=0.1, chunks=10))

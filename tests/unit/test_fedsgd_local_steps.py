@@ -47,8 +47,7 @@ def test_fedsgd_takes_tau_local_steps_with_uniform_weights(steps):
         local = torch.cat([m for _, m, _ in sim.train(clients, rnd)])
         deltas = (local - p0).double().numpy()
         assert len(set(np.asarray(SIZES)[clients])) > 1  # participants of different sizes: weights matter
-        sim.ledger.start_round()
-        sim.scheme.round(sim, rnd, clients)
+        assert sim.run_round(rnd)["clients"] == len(clients)  # the round selects the same clients (sim.select)
         expected = p0.double().numpy() + 1.7 * deltas.mean(0)
         # float32: the K updates, their weighted sum, × γ, p0 + ·
         assert_f32_close(sim.params, expected, (p0, 1), 1.7 * np.abs(deltas).mean(0), terms=len(clients) + 3)
@@ -70,7 +69,6 @@ def test_fedsgd_is_fedsketch_with_an_exact_decoder_at_the_same_tau():
         p0 = a.params.clone()
         deltas = (torch.cat([m for _, m, _ in a.train(clients, rnd)]) - p0).double().numpy()
         for sim in (a, b):
-            sim.ledger.start_round()
-            sim.scheme.round(sim, rnd, clients)
+            assert sim.run_round(rnd)["clients"] == len(clients)
         assert_f32_close(a.params, b.params.double().numpy(), (p0, 2), 0.8 * np.abs(deltas).mean(0),
                          terms=2 * (len(clients) + 4))

@@ -46,6 +46,18 @@ class FakeSim:
         return self.selected
 
 
+def _privatize(dp: LocalDP, sim: FakeSim, rnd: int, clients: np.ndarray, payload: torch.Tensor) -> torch.Tensor:
+    """What the simulation's privatizer does for one chunk: the round's selected clients and weights once per round
+    (``LocalDP.start_round``), then the chunk's noise from the per-client streams."""
+    if getattr(sim, "_round", None) != rnd:
+        selected = sim.select(rnd)
+        dp.start_round(selected, sim.scheme.weights(sim, selected))
+        sim._round = rnd
+    out = dp.privatize(rnd, clients, payload, lambda l: sim.generator(rnd, "local_dp", l))
+    sim.last_dp_diagnostics = dp.diagnostics
+    return out
+
+
 def paper_laplace(zeta, eta, e, t_l, n_l, eps):
     return 2 * zeta * eta * e * t_l / (n_l * eps)
 
@@ -68,7 +80,7 @@ def _ldp(mechanism="laplace", eps=2.0, e=3, lr=0.1, t_l=4, n_l=50, clients=1, **
 def _noise(dp: LocalDP, clients=(0,), rnd=1, dim=DIM) -> torch.Tensor:
     sim = FakeSim(dim, np.array(clients))
     zeros = torch.zeros(len(clients), dim)
-    return dp.privatize(sim, rnd, np.array(clients), zeros)
+    return _privatize(dp, sim, rnd, np.array(clients), zeros)
 
 
 # ------------------------------------------------------------------------------------------- noise scales
@@ -126,7 +138,7 @@ def test_noise_is_per_client_stream_independent_of_chunking():
 def test_infinite_epsilon_returns_payload_unchanged():
     payload = torch.randn(2, 7)
     dp = _ldp("laplace", eps=math.inf, clients=2)
-    out = dp.privatize(FakeSim(7, np.array([0, 1])), 1, np.array([0, 1]), payload)
+    out = _privatize(dp, FakeSim(7, np.array([0, 1])), 1, np.array([0, 1]), payload)
     assert out is payload
     assert dp.epsilon() == math.inf
 
@@ -137,8 +149,8 @@ def test_noise_item_diagnostics_match_weighted_formula():
     dp = LocalDP("laplace", 3.0, 1.0, 0.2, 2, np.array([2, 2, 2]), sizes)
     a = {0: 0.5, 1: 1.2, 2: 2.0}
     sim = FakeSim(DIM, np.array([0, 1, 2]), a)
-    dp.privatize(sim, 1, np.array([0, 1]), torch.zeros(2, DIM))
-    dp.privatize(sim, 1, np.array([2]), torch.zeros(1, DIM))
+    _privatize(dp, sim, 1, np.array([0, 1]), torch.zeros(2, DIM))
+    _privatize(dp, sim, 1, np.array([2]), torch.zeros(1, DIM))
     expected = sum(a[l] ** 2 * 2 * paper_laplace(1.0, 0.2, 2, 2, int(sizes[l]), 3.0) ** 2 for l in range(3))
     d = sim.last_dp_diagnostics
     assert d["ldp_noise_item_var_formula"] == pytest.approx(expected, rel=1e-9)
@@ -150,14 +162,14 @@ def test_laplace_epsilon_is_basic_composition_of_what_was_added():
     sizes, t_l = np.array([10, 30]), np.array([3, 1])
     dp = LocalDP("laplace", 2.0, 1.0, 0.1, 2, t_l, sizes)
     assert dp.epsilon() == 0.0
-    dp.privatize(FakeSim(4, np.array([0, 1])), 1, np.array([0, 1]), torch.zeros(2, 4))
+    _privatize(dp, FakeSim(4, np.array([0, 1])), 1, np.array([0, 1]), torch.zeros(2, 4))
     # client 0 spent 1 of its 3 participations (2/3 each), client 1 its only one (2.0): worst = 2.0
     assert dp.epsilon() == pytest.approx(2.0)
     s = dp.summary()
     assert s["ldp_epsilon_max"] == pytest.approx(2.0)
     assert s["ldp_epsilon_median"] == pytest.approx((2.0 / 3 + 2.0) / 2)
     for rnd in (2, 3):
-        dp.privatize(FakeSim(4, np.array([0])), rnd, np.array([0]), torch.zeros(1, 4))
+        _privatize(dp, FakeSim(4, np.array([0])), rnd, np.array([0]), torch.zeros(1, 4))
     assert dp.summary()["ldp_epsilon_median"] == pytest.approx(2.0)  # both clients at the target
 
 
@@ -167,7 +179,7 @@ def test_gaussian_epsilon_rdp_pld_vs_exact_gdp(calibration):
     dp = _ldp("gaussian", eps=eps_target, t_l=t_l, delta=delta, calibration=calibration)
     sim = FakeSim(3, np.array([0]))
     for rnd in range(1, t_l + 1):
-        dp.privatize(sim, rnd, np.array([0]), torch.zeros(1, 3))
+        _privatize(dp, sim, rnd, np.array([0]), torch.zeros(1, 3))
     sens = 2 * 1.5 * 0.1 * 3 / 50
     sigma = float(dp.scales[0])
     if calibration == "classic":
@@ -186,7 +198,7 @@ def test_gaussian_epsilon_rdp_pld_vs_exact_gdp(calibration):
 def test_classic_gaussian_formula_overshoots_for_large_epsilon():
     """The reason the composed ε is reported beside the target: at ε = 10 the classic σ is too small."""
     dp = _ldp("gaussian", eps=10.0, t_l=1, delta=1e-4)
-    dp.privatize(FakeSim(3, np.array([0])), 1, np.array([0]), torch.zeros(1, 3))
+    _privatize(dp, FakeSim(3, np.array([0])), 1, np.array([0]), torch.zeros(1, 3))
     s = dp.summary()
     assert s["ldp_epsilon_pld_max"] > 10.0
     sens = 2 * 1.5 * 0.1 * 3 / 50
@@ -199,7 +211,7 @@ def test_worst_client_is_the_max_over_clients():
     dp = LocalDP("gaussian", 1.0, 1.0, 0.1, 1, t_l, sizes, delta=1e-5, calibration="analytic")
     for rnd in range(1, 5):
         ids = np.array([c for c in range(3) if dp.counts[c] < t_l[c]])
-        dp.privatize(FakeSim(3, ids), rnd, ids, torch.zeros(len(ids), 3))
+        _privatize(dp, FakeSim(3, ids), rnd, ids, torch.zeros(len(ids), 3))
     per_client = [dp._client_epsilon(c) for c in range(3)]
     assert dp.epsilon() == pytest.approx(max(per_client))
     pld = [dp._client_epsilon(c, "pld") for c in range(3)]
@@ -210,7 +222,7 @@ def test_worst_client_is_the_max_over_clients():
 # ------------------------------------------------------------------------------------------- state
 def test_state_dict_round_trip_and_mismatch():
     dp = _ldp("laplace", clients=3, t_l=2)
-    dp.privatize(FakeSim(5, np.array([0, 2])), 1, np.array([0, 2]), torch.zeros(2, 5))
+    _privatize(dp, FakeSim(5, np.array([0, 2])), 1, np.array([0, 2]), torch.zeros(2, 5))
     state = dp.state_dict()
     fresh = _ldp("laplace", clients=3, t_l=2)
     fresh.load_state_dict(state)

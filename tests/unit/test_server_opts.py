@@ -1,50 +1,76 @@
 """Server-side options set alike for every compared scheme (issue 15): server momentum on the decoded update
 (FedAvgM) for FedAvg-shaped schemes, FL-CS's momentum + error feedback in R^m, and ``server_opts`` mapping them."""
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
+from fedrun.checkpoint import load_into, save_checkpoint
 from fedrun.config import ConfigError, resolve_server_opts
+from fedrun.run import Built, LoopState
+from fedrun.sampling import UniformSampler
 from fedrun.schemes.dct import CompressiveSensingScheme, FreqScheme
 from fedrun.schemes.fedavg import FedAvg
 from fedrun.schemes.random import RandomCoordinatesScheme
 from fedrun.schemes.sketch import FedSketch
+from fedrun.simulation import Simulation
+from fedrun.training import ClientData, LocalSpec
 
 
 class _Sim:
-    def __init__(self, n: int) -> None:
+    """What :meth:`Simulation.server_step` acts on (the global model, in float64 here, the scheme, the velocity),
+    stepped by the simulation's own server step."""
+
+    server_step = Simulation.server_step
+
+    def __init__(self, scheme, n: int) -> None:
+        self.scheme = scheme
         self.params = torch.zeros(n, dtype=torch.float64)
+        self.velocity = None
 
 
 def test_server_momentum_is_fedavgm_on_the_decoded_update() -> None:
     rho, lr = 0.5, 2.0
-    scheme = FedAvg(server_lr=lr, server_momentum=rho)
-    sim = _Sim(3)
+    sim = _Sim(FedAvg(server_lr=lr, server_momentum=rho), 3)
     u1, u2, u3 = (torch.tensor(v, dtype=torch.float64) for v in ([1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]))
-    for rnd, u in enumerate((u1, u2, u3), 1):
-        scheme.apply(sim, rnd, u.clone())
+    for u in (u1, u2, u3):
+        sim.server_step(u.clone())
     v1 = u1
     v2 = rho * v1 + u2
     v3 = rho * v2 + u3
     assert torch.allclose(sim.params, lr * (v1 + v2 + v3), rtol=0, atol=1e-15)
-    plain = FedAvg(server_lr=lr)
-    sim2 = _Sim(3)
-    for rnd, u in enumerate((u1, u2, u3), 1):
-        plain.apply(sim2, rnd, u.clone())
+    sim2 = _Sim(FedAvg(server_lr=lr), 3)
+    for u in (u1, u2, u3):
+        sim2.server_step(u.clone())
     assert torch.allclose(sim2.params, lr * (u1 + u2 + u3), rtol=0, atol=1e-15)
+    assert sim2.velocity is None  # no momentum: no state
 
 
-def test_server_velocity_is_checkpointed() -> None:
-    a = FedAvg(server_momentum=0.9)
-    sim = _Sim(4)
-    a.apply(sim, 1, torch.ones(4, dtype=torch.float64))
-    b = FedAvg(server_momentum=0.9)
-    b.load_state_dict(a.state_dict())
-    sim_a, sim_b = _Sim(4), _Sim(4)
-    a.apply(sim_a, 2, torch.ones(4, dtype=torch.float64))
-    b.apply(sim_b, 2, torch.ones(4, dtype=torch.float64))
-    assert torch.equal(sim_a.params, sim_b.params) and torch.allclose(sim_a.params, torch.full((4,), 1.9,
-                                                                                              dtype=torch.float64))
+def _real_sim(scheme) -> Simulation:
+    """A tiny simulation (nn.Linear(2, 2): n = 6) whose global model starts at zero."""
+    x, y = torch.zeros(8, 2), torch.zeros(8, dtype=torch.int64)
+    sim = Simulation(model=nn.Linear(2, 2), data=ClientData(x, y, [np.arange(4), np.arange(4, 8)]), x_test=x,
+                     y_test=y, sampler=UniformSampler(2, 1), scheme=scheme, spec=LocalSpec("sgd", steps=1,
+                     batch_size=4, lr=0.1), seed=0)
+    sim.params.zero_()
+    return sim
+
+
+def test_server_velocity_is_checkpointed(tmp_path) -> None:
+    """The server momentum lives in the simulation (``sim.velocity``); a checkpoint keeps it."""
+    a = _real_sim(FedAvg(server_momentum=0.9))
+    n = a.n
+    a.server_step(torch.ones(n))
+    save_checkpoint(tmp_path, Built(a, {}, {}), {}, LoopState(round=1), None)
+    b = _real_sim(FedAvg(server_momentum=0.9))
+    load_into(tmp_path / "checkpoint.pt", Built(b, {}, {}), LoopState())
+    before = a.params.clone()
+    assert torch.equal(b.params, before)
+    a.server_step(torch.ones(n))
+    b.server_step(torch.ones(n))
+    # the step after the restore is 0.9·v + 1 = 1.9 on both (a fresh velocity would step 1)
+    assert torch.equal(a.params, b.params) and torch.allclose(a.params - before, torch.full((n,), 1.9))
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, True, "0.9"])

@@ -71,7 +71,11 @@ def make_sim(scheme: SketchedSGD, lr: float, per_round: int) -> Simulation:
     sim = Simulation(model=model, data=ClientData(x, y, parts), x_test=x[:30], y_test=y[:30],
                      sampler=UniformSampler(N_CLIENTS, per_round), scheme=scheme, spec=spec, seed=5)
     exact = ExactSketch()
-    scheme.sketch = lambda sim, rnd: exact  # the count sketch replaced by an exact one (rows·cols = DIM)
+    # the count sketch replaced by an exact one (rows·cols = DIM) on both sides of the protocol: the clients'
+    # codec (encode: S(v_j)) and the server's (query: the heavy set H)
+    assert sim.scheme is scheme
+    for side in (sim.scheme, sim.client_codec):
+        side.sketch = lambda rnd: exact
     return sim
 
 
@@ -125,8 +129,7 @@ def test_sketchedsgd_with_exact_heavy_hitters_is_topk_sgd_with_momentum_and_erro
         seen.update(int(c) for c in clients)
         p0 = sim.params.double().numpy()
         ref.w = p0.copy()  # the round starts from the scheme's (float32) model
-        sim.ledger.start_round()
-        sim.scheme.round(sim, rnd, clients)
+        assert sim.run_round(rnd)["clients"] == len(clients)  # the round selects the same clients (sim.select)
         gap = ref.round(clients)
         # scale of every value on the path: the model and the (η-scaled) accumulated error; roundings add up
         # over the rounds in u_j and v_j
@@ -151,8 +154,7 @@ def test_one_round_without_momentum_and_m_1_is_top1_sgd():
     sim = make_sim(scheme, lr=0.5, per_round=N_CLIENTS)
     w0 = sim.params.double().numpy()
     clients = sim.select(1)
-    sim.ledger.start_round()
-    sim.scheme.round(sim, 1, clients)
+    assert sim.run_round(1)["clients"] == len(clients) == N_CLIENTS
     x, y, parts = _data()
     g = np.mean([ref_gradient(w0, x.double().numpy()[p], y.numpy()[p]) for p in parts], axis=0)
     i = int(np.argmax(np.abs(g)))
