@@ -68,14 +68,14 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(out_dir: Path, built, c: dict, loop, run_id: str | None, finished: bool = False) -> Path:
+def save_checkpoint(out_dir: Path, built, loop, run_id: str | None, finished: bool = False) -> Path:
     """Write the run's state after round ``loop.round`` (checkpoint.pt, then its sidecar)."""
     sim = built.sim
     state: dict[str, Any] = {
         "format": FORMAT,
         "round": loop.round,
         "run_id": run_id,
-        "config": comparable(c),
+        "config": dict(built.cfg.record),
         "params": sim.params.detach().cpu(),
         "scheme": built.runner.state_dict() if built.runner is not sim else sim.scheme.state_dict(),
         "server": {"velocity": sim.velocity, "holds_frozen": torch.from_numpy(sim.holds_frozen)},
@@ -89,7 +89,7 @@ def save_checkpoint(out_dir: Path, built, c: dict, loop, run_id: str | None, fin
     }
     path = out_dir / CHECKPOINT
     _atomic_write(path, lambda f: torch.save(state, f))
-    side = {"round": loop.round, "run_id": run_id, "finished": finished, "config": comparable(c)}
+    side = {"round": loop.round, "run_id": run_id, "finished": finished, "config": dict(built.cfg.record)}
     _atomic_write(out_dir / SIDECAR, lambda f: f.write(json.dumps(side, default=str).encode()))
     return path
 
@@ -196,14 +196,14 @@ def state_bytes(sim) -> int:
     return sim.params.numel() * sim.params.element_size() + sim.client_state.nbytes()
 
 
-def find_checkpoint(resume: Any, c: dict, search_roots: list[Path], tracking_uri: str | None = None) -> Path:
+def find_checkpoint(resume: Any, record: dict, search_roots: list[Path], tracking_uri: str | None = None) -> Path:
     """The checkpoint file ``resume`` designates.
 
     ``resume`` is ``true`` (the newest unfinished checkpoint under ``search_roots`` whose config equals
     this one), a run folder or checkpoint file, or an MLflow run id (its ``fedrun.checkpoint`` tag).
     """
     if resume is True or str(resume).lower() == "true":
-        want = json.loads(json.dumps(comparable(c), default=str))
+        want = json.loads(json.dumps(record, default=str))
         candidates = sorted((p for root in search_roots if root.is_dir() for p in root.rglob(SIDECAR)),
                             key=lambda p: p.stat().st_mtime, reverse=True)
         finished = None

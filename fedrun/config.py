@@ -6,6 +6,7 @@ Checks are plain functions over a dict (no Hydra needed), so tests and other ent
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 
@@ -46,6 +47,24 @@ def dp_mode(value: Any) -> str:
         raise ConfigError(f"dp={value!r} is not allowed; use auto, false, true (client-level), local_laplace or "
                           f"local_gaussian")
     return DP_MODES[key]
+
+
+#: knobs that must be numbers (or null), checked before anything reads them
+NUMBERS = ("r", "lr", "delta", "epsilon", "noise_multiplier", "clipping_norm", "sample_rate", "validation_fraction",
+           "local_clip", "server_momentum")
+INTEGERS = {"seed": 0, "rounds": 1, "total_iterations": 1, "local_steps": 1, "batch_size": 1, "eval_every": 1,
+            "patience": 0, "chunk_size": 1, "clients_per_round": 1, "num_clients": 1}
+
+
+def validate_types(cfg: Mapping[str, Any]) -> None:
+    """Each top-level number is a number (or null) before any default is derived from it: one line otherwise."""
+    for key in NUMBERS:
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ConfigError(f"{key}={v!r} must be a number")
+    for key, low in INTEGERS.items():
+        if cfg.get(key) is not None:
+            _int(cfg, key, low)
 
 
 def resolve_rounds(cfg: dict[str, Any]) -> None:
@@ -166,12 +185,12 @@ def validate(cfg: Mapping[str, Any]) -> None:
                           f"with DP: partition.copies=1")
 
 
-def check_partition(dataset: Mapping[str, Any], partition: str) -> None:
+def check_partition(dataset: "DatasetConfig", partition: str) -> None:
     """Natural splits exist only for their dataset: writers → femnist, state → lending_club."""
     natural = {"writers": "femnist", "state": "lending_club"}
-    name = dataset["name"]
+    name = dataset.name
     if partition in natural and natural[partition] != name:
-        allowed = ["iid", "shards", "dirichlet"] + ([dataset["natural_partition"]] if dataset.get("natural_partition") else [])
+        allowed = ["iid", "shards", "dirichlet"] + ([dataset.natural_partition] if dataset.natural_partition else [])
         if name == "lending_club":
             allowed = ["iid", "state"]
         raise ConfigError(f"partition={partition} is not available for dataset={name}; allowed: {', '.join(allowed)}")
@@ -198,8 +217,7 @@ def _scheme_name(c: Mapping[str, Any]) -> str:
 
 
 def _model_name(c: Mapping[str, Any]) -> str:
-    name = c["model"]["name"]
-    return c["dataset"]["default_model"] if name == "auto" else name
+    return str(c["model"]["name"])
 
 
 def check_pair(c: Mapping[str, Any], scheme_cls: type) -> None:
@@ -352,3 +370,100 @@ def _modes_text(modes: tuple[str, ...]) -> str:
 def _typed(value: Any) -> str:
     """A config value as it is typed on the command line (true/false, not Python's True/False)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# ------------------------------------------------------------------------------------------ typed config
+@dataclass(frozen=True)
+class DatasetConfig:
+    """conf/dataset/<name>.yaml's ``dataset:`` table."""
+
+    name: str
+    task: str = "classification"
+    default_partition: str = "iid"
+    natural_partition: str | None = None
+    leaf_dir: str | None = None
+    csv: str | None = None
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """conf/partition/<name>.yaml (``auto`` resolved to the dataset's default split)."""
+
+    name: str
+    copies: int = 1
+    classes_per_client: int = 2
+    distinct_classes: bool = True
+    alpha: float = 0.5
+    min_size: int = 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The resolved, validated config, typed: what every module below the CLI receives (see :func:`load`).
+
+    ``sampler`` and ``scheme`` are Hydra instantiation nodes (``_target_`` and constructor arguments, which the
+    constructors check); ``record`` is the resolved config as a checkpoint stores it (never read below)."""
+
+    dataset: DatasetConfig
+    model: str
+    partition: PartitionConfig
+    sampler: Mapping[str, Any]
+    scheme: Mapping[str, Any]
+    scheme_name: str
+    rounds: int
+    seed: int
+    device: str
+    data_root: str | None
+    num_clients: int | None
+    local_mode: str
+    local_steps: int
+    batch_size: int
+    lr: float
+    local_clip: float | None
+    local_clip_mode: str
+    local_clip_ord: int
+    dp: str  # off | client | local_laplace | local_gaussian
+    epsilon: float | None
+    delta: float
+    noise_multiplier: float | None
+    clipping_norm: float | None
+    accountant: str
+    audit_canaries: int
+    audit_confidence: float
+    local_dp_calibration: str
+    local_dp_sensitivity: str
+    eval_every: int
+    patience: int
+    validation_fraction: float
+    vectorized: bool
+    batched_layers: bool
+    chunk_size: int
+    workers: int | str
+    progress: str
+    checkpoint_every: int | str | None
+    skip_finished: bool
+    resume: Any  # false, true (the newest unfinished run of this config), a run folder or an MLflow run id
+    tracking_uri: str | None
+    run_name: str | None
+    record: Mapping[str, Any] = field(repr=False, default_factory=dict)
+
+
+def typed(c: Mapping[str, Any]) -> RunConfig:
+    """The resolved and validated config dict (after :func:`resolve_defaults` and :func:`validate`) as a
+    :class:`RunConfig`."""
+    from fedrun.checkpoint import comparable
+
+    ds = {k: v for k, v in c["dataset"].items() if k in DatasetConfig.__dataclass_fields__}
+    dataset = DatasetConfig(**ds)
+    part = dict(c["partition"])
+    if part.get("name") == "auto":
+        part["name"] = dataset.default_partition
+    partition = PartitionConfig(**{k: v for k, v in part.items() if k in PartitionConfig.__dataclass_fields__})
+    audit = c.get("audit") or {}
+    plain = {f: c[f] for f in RunConfig.__dataclass_fields__ if f in c and f not in ("dataset", "partition", "dp", "model")}
+    track = c.get("tracking") or {}
+    return RunConfig(**plain, dataset=dataset, model=str(c["model"]["name"]), partition=partition,
+                     tracking_uri=track.get("uri"), run_name=track.get("run_name"),
+                     scheme_name=_scheme_name(c), dp=dp_mode(c["dp"]),
+                     audit_canaries=int(audit.get("canaries", 0)), audit_confidence=float(audit.get("confidence", 0.95)),
+                     record=comparable(c))

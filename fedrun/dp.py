@@ -350,15 +350,9 @@ def _participations(sampler, rounds: int, seed: int, mode: str) -> np.ndarray:
                       f"does not fix it; allowed: {ALLOWED_SAMPLERS}")
 
 
-def _model_name(c: dict) -> str:
-    name = str(c.get("model", {}).get("name", "?"))
-    return str(c.get("dataset", {}).get("default_model", name)) if name == "auto" else name
-
-
-def _choose_sensitivity(c: dict, mode: str, mechanism: str, requested: str, spec: LocalSpec,
+def _choose_sensitivity(model: str, mode: str, mechanism: str, requested: str, spec: LocalSpec,
                         parts: list[np.ndarray], participations: np.ndarray, x_train) -> SensitivityChoice:
     """Which Δ the run uses (module doc); one-line ConfigError where ``paper`` is asked for and not verified."""
-    model = _model_name(c)
     linear = model == "lr" and spec.loss == "mse"
     check = None
     if linear:  # 2/β_l of every client that uploads (n_l ≥ 1, T_l ≥ 1): logged whatever was requested
@@ -404,12 +398,12 @@ def _choose_sensitivity(c: dict, mode: str, mechanism: str, requested: str, spec
                              check)
 
 
-def make_local_dp(c: dict, mode: str, sampler, parts: list[np.ndarray], spec: LocalSpec,
-                  x_train) -> LocalDP:
+def make_local_dp(cfg, sampler, parts: list[np.ndarray], spec: LocalSpec, x_train) -> LocalDP:
     """The local-DP object for ``dp=local_laplace|local_gaussian`` from the resolved config (one-line errors).
 
     ``x_train``: the training rows ``parts`` index (only read for the linear model's 2/β_l check).
     """
+    mode = cfg.dp
     mechanism = mode.removeprefix("local_")
     if mechanism not in MECHANISMS:
         raise ConfigError(f"dp={mode} is not a local-DP mode; use local_laplace or local_gaussian")
@@ -425,32 +419,31 @@ def make_local_dp(c: dict, mode: str, sampler, parts: list[np.ndarray], spec: Lo
     if spec.clip_mode == "batch":
         log.warning("dp=%s with local_clip_mode=batch: the sensitivity is 2ζηE (no 1/n_l), n_l times the noise of "
                     "local_clip_mode=per_sample, which paper 001's scales assume", mode)
-    eps = c.get("epsilon")
+    eps = cfg.epsilon
     if eps is None:
         raise ConfigError(f"dp={mode} needs epsilon=ε, the per-client budget over the whole run (.inf = no noise)")
-    if c.get("noise_multiplier") is not None:
-        raise ConfigError(f"noise_multiplier={c['noise_multiplier']} is for dp=true; dp={mode} derives its noise "
+    if cfg.noise_multiplier is not None:
+        raise ConfigError(f"noise_multiplier={cfg.noise_multiplier} is for dp=true; dp={mode} derives its noise "
                           f"from epsilon (give noise_multiplier=null)")
-    calibration = c.get("local_dp_calibration", "classic")
+    calibration = cfg.local_dp_calibration
     if calibration not in CALIBRATIONS:
         raise ConfigError(f"local_dp_calibration={calibration!r} is not allowed; use {' or '.join(CALIBRATIONS)}")
-    sens = c.get("local_dp_sensitivity", "proven")
+    sens = cfg.local_dp_sensitivity
     if sens not in SENSITIVITIES:
         raise ConfigError(f"local_dp_sensitivity={sens!r} is not allowed; use {', '.join(SENSITIVITIES)}")
-    participations = _participations(sampler, int(c["rounds"]), int(c["seed"]), mode)
+    participations = _participations(sampler, cfg.rounds, cfg.seed, mode)
     sizes = np.array([len(p) for p in parts], dtype=np.int64)
-    choice = _choose_sensitivity(c, mode, mechanism, sens, spec, parts, participations, x_train)
+    choice = _choose_sensitivity(cfg.model, mode, mechanism, sens, spec, parts, participations, x_train)
     log.info("dp=%s: local_dp_sensitivity=%s, Δ = %s (%s)", mode, choice.name,
              "2ζηE/n_l" if choice.nonexpansive else "2ζη/n_l + 2ζη(E−1)", choice.reason)
     try:
         dp = LocalDP(mechanism, float(eps), float(spec.clip_norm), float(spec.lr), int(spec.steps),
-                     participations, sizes, delta=float(c["delta"]), clip_mode=spec.clip_mode,
+                     participations, sizes, delta=cfg.delta, clip_mode=spec.clip_mode,
                      nonexpansive=choice.nonexpansive, calibration=calibration,
-                     accountant=c.get("accountant", "rdp"), sensitivity_choice=choice)
+                     accountant=cfg.accountant, sensitivity_choice=choice)
     except ConfigError:
         raise
     except ValueError as exc:
         raise ConfigError(f"dp={mode}: {exc}") from None
-    scheme = c.get("scheme", {})
-    dp.scheme_name = str(scheme.get("name") or str(scheme.get("_target_", "?")).rsplit(".", 1)[-1])
+    dp.scheme_name = cfg.scheme_name
     return dp

@@ -21,7 +21,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fedrun.comm import paper_cost_bits
-from fedrun.config import ConfigError, check_partition, dp_mode, resolve_defaults, resolve_rounds, validate
+from fedrun.config import (ConfigError, RunConfig, check_partition, resolve_defaults, resolve_rounds, typed, validate,
+                           validate_types)
 from fedrun.data import partition as partitioners
 from fedrun.data.sources import load_dataset
 from fedrun.models.flat import FlatParams
@@ -75,36 +76,29 @@ def _instantiate(node: Any, **kwargs: Any) -> Any:
         raise
 
 
-def make_partition(c: dict, dataset, y_train: np.ndarray, groups: np.ndarray | None,
-                   num_clients: int | None, seed: int) -> tuple[list[np.ndarray], str]:
-    name = c["partition"]["name"]
-    if name == "auto":
-        name = c["dataset"]["default_partition"]
-    check_partition(c["dataset"], name)
-    rng = numpy_rng(seed, "partition")
-    p = c["partition"]
+def make_partition(cfg: RunConfig, y_train: np.ndarray, groups: np.ndarray | None) -> tuple[list[np.ndarray], str]:
+    p, num_clients = cfg.partition, cfg.num_clients
+    name = p.name
+    check_partition(cfg.dataset, name)
+    rng = numpy_rng(cfg.seed, "partition")
     try:
         if name in ("writers", "state"):
-            return partitioners.by_group(groups, num_clients, rng, copies=int(p.get("copies", 1))), name
+            return partitioners.by_group(groups, num_clients, rng, copies=int(p.copies)), name
         if num_clients is None:
             raise ConfigError(f"partition={name} needs num_clients")
         if name == "iid":
             return partitioners.iid(len(y_train), num_clients, rng), name
         if name == "shards":
-            return partitioners.shards(y_train, num_clients, int(p.get("classes_per_client", 2)), rng,
-                                       distinct_classes=bool(p.get("distinct_classes", True))), name
-        return partitioners.dirichlet(y_train, num_clients, float(p.get("alpha", 0.5)), rng,
-                                      min_size=int(p.get("min_size", 1))), name
+            return partitioners.shards(y_train, num_clients, int(p.classes_per_client), rng,
+                                       distinct_classes=bool(p.distinct_classes)), name
+        return partitioners.dirichlet(y_train, num_clients, float(p.alpha), rng, min_size=int(p.min_size)), name
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"partition={name}: {exc}") from None
 
 
-def make_model(c: dict, dataset) -> tuple[torch.nn.Module, str]:
-    name = c["model"]["name"]
-    if name == "auto":
-        name = c["dataset"]["default_model"]
+def make_model(name: str, dataset) -> tuple[torch.nn.Module, str]:
     if dataset.task == "regression":
         if name != "lr":
             raise ConfigError(f"model={name} does not fit dataset={dataset.name} (a regression on tabular "
@@ -116,15 +110,15 @@ def make_model(c: dict, dataset) -> tuple[torch.nn.Module, str]:
     return build_model(name, num_classes=int(dataset.num_classes)), name
 
 
-def make_client_dp(c: dict, sampler, rounds: int) -> ClientDP:
+def make_client_dp(cfg: RunConfig, sampler) -> ClientDP:
     from fedrun.privacy.accounting import calibrate_noise_multiplier, compute_epsilon
 
     q = sampler.poisson_probability
     if q is None:
         raise ConfigError(f"dp=true needs sampler=poisson: the accountant assumes Poisson sampling with "
                           f"probability C; got sampler={sampler.name}")
-    delta, acct = float(c["delta"]), c["accountant"]
-    eps, sigma = c.get("epsilon"), c.get("noise_multiplier")
+    delta, acct, rounds = float(cfg.delta), cfg.accountant, cfg.rounds
+    eps, sigma = cfg.epsilon, cfg.noise_multiplier
     try:
         if eps is not None and math.isinf(float(eps)):
             raise ConfigError("dp=true with epsilon=inf adds no noise; use dp=false for the non-private run")
@@ -139,17 +133,14 @@ def make_client_dp(c: dict, sampler, rounds: int) -> ClientDP:
         raise
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return ClientDP(clipping_norm=float(c["clipping_norm"]), noise_multiplier=float(sigma),
+    return ClientDP(clipping_norm=float(cfg.clipping_norm), noise_multiplier=float(sigma),
                     sampling_probability=float(q), expected_clients=q * sampler.num_clients, delta=delta,
                     accountant=str(acct))
 
 
-def make_audit(c: dict) -> AuditSettings | None:
+def make_audit(cfg: RunConfig) -> AuditSettings | None:
     """The audit's settings (``audit.canaries`` > 0; validated with client-level DP), else None."""
-    a = c.get("audit") or {}
-    if not a.get("canaries"):
-        return None
-    return AuditSettings(int(a["canaries"]), float(a.get("confidence", 0.95)))
+    return AuditSettings(cfg.audit_canaries, cfg.audit_confidence) if cfg.audit_canaries else None
 
 
 @dataclass
@@ -158,6 +149,7 @@ class Built:
     names: dict[str, str]
     partition_stats: dict[str, float]
     info: dict[str, Any] = field(default_factory=dict)
+    cfg: RunConfig | None = None
     #: the protocol's state and round: the simulation's FedAvg round, or FbFTL's runner
     runner: Any = None
     extra_metrics: Any = None
@@ -187,84 +179,81 @@ def prepare(c: dict) -> list[str]:
         scheme_cls = get_class(str(target))
     except Exception:  # noqa: BLE001 - hydra raises ImportError or its own error types
         raise ConfigError(f"scheme._target_={target!r} is not an importable scheme class") from None
-    model_table = c.get("model", {})
-    if model_table.get("name") == "auto":  # the dataset's model: its own config holds the tuned values
-        default = CONF_DIR / "model" / f"{c['dataset']['default_model']}.yaml"
-        model_table = OmegaConf.to_container(OmegaConf.load(default)) if default.exists() else {}
-    notes = resolve_defaults(c, scheme_cls, model_table)
+    validate_types(c)
+    notes = resolve_defaults(c, scheme_cls, c.get("model", {}))
     resolve_rounds(c)  # total_iterations → rounds (in place, so the logged params show the rounds run)
     validate(c)
     return notes
 
 
-def build(c: dict) -> Built:
-    """Resolved config (plain dict) → a ready :class:`Simulation` and descriptive names."""
+def load(c: dict | RunConfig) -> RunConfig:
+    """The edge: a config dict (Hydra's, resolved) prepared, validated and typed; a RunConfig as it is."""
+    if isinstance(c, RunConfig):
+        return c
     for note in prepare(c):
         log.info(note)
-    device = resolve_device(str(c["device"]))
-    ds_cfg = c["dataset"]
-    dataset = load_dataset(ds_cfg["name"], c.get("data_root"),
-                           femnist_leaf_dir=ds_cfg.get("leaf_dir"), lending_club_csv=ds_cfg.get("csv"))
-    seed = int(c["seed"])
+    return typed(c)
+
+
+def build(c: dict | RunConfig) -> Built:
+    """The config (a resolved dict, or typed) → a ready :class:`Simulation` and descriptive names."""
+    cfg = load(c)
+    device = resolve_device(cfg.device)
+    dataset = load_dataset(cfg.dataset.name, cfg.data_root, femnist_leaf_dir=cfg.dataset.leaf_dir,
+                           lending_club_csv=cfg.dataset.csv)
+    seed = cfg.seed
     x_train, y_train, groups = dataset.x_train, dataset.y_train, dataset.groups_train
     x_val = y_val = None
-    if c["patience"] > 0:  # hold out a validation split for early stopping (before partitioning)
+    if cfg.patience > 0:  # hold out a validation split for early stopping (before partitioning)
         perm = numpy_rng(seed, "validation").permutation(len(y_train))
-        n_val = max(1, int(round(len(y_train) * float(c["validation_fraction"]))))
+        n_val = max(1, int(round(len(y_train) * cfg.validation_fraction)))
         val, keep = np.sort(perm[:n_val]), np.sort(perm[n_val:])
         x_val, y_val = x_train[val].to(device), y_train[val].to(device)
         x_train, y_train = x_train[keep], y_train[keep]
         groups = groups[keep] if groups is not None else None
-    num_clients = c.get("num_clients")
     y_np = y_train.numpy()
-    parts, part_name = make_partition(c, dataset, y_np, groups, num_clients, seed)
+    parts, part_name = make_partition(cfg, y_np, groups)
     stats = partitioners.partition_stats(parts, y_np if dataset.task == "classification" else None)
     with torch.random.fork_rng(devices=[]):  # model initialisation from the run's seed, global RNG untouched
         torch.manual_seed(seed)
-        model, model_name = make_model(c, dataset)
+        model, model_name = make_model(cfg.model, dataset)
     loss = "cross_entropy" if dataset.task == "classification" else "mse"
-    spec = LocalSpec(mode=c["local_mode"], steps=int(c["local_steps"]), batch_size=int(c["batch_size"]),
-                     lr=float(c["lr"]), clip_norm=c.get("local_clip"), loss=loss,
-                     clip_mode=c.get("local_clip_mode", "batch"), clip_ord=int(c.get("local_clip_ord") or 2))
-    sampler = _instantiate(c["sampler"], num_clients=len(parts))
-    scheme = _instantiate({k: v for k, v in c["scheme"].items() if k != "name"})
-    mode = dp_mode(c["dp"])
-    client_dp = make_client_dp(c, sampler, int(c["rounds"])) if mode == "client" else None
+    spec = LocalSpec(mode=cfg.local_mode, steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                     clip_norm=cfg.local_clip, loss=loss, clip_mode=cfg.local_clip_mode, clip_ord=cfg.local_clip_ord)
+    sampler = _instantiate(cfg.sampler, num_clients=len(parts))
+    scheme = _instantiate({k: v for k, v in cfg.scheme.items() if k != "name"})
+    mode = cfg.dp
+    client_dp = make_client_dp(cfg, sampler) if mode == "client" else None
     local_dp = None
     if mode in ("local_laplace", "local_gaussian"):
         from fedrun.dp import make_local_dp
 
-        local_dp = make_local_dp(c, mode, sampler, parts, spec, x_train=x_train)
+        local_dp = make_local_dp(cfg, sampler, parts, spec, x_train=x_train)
     trainable, facts = None, None
     try:
         if scheme.needs_image_source:
             from fedrun.transfer import fbftl
 
-            trainable, facts = fbftl.prepare_model(scheme, model, model_name, dataset, c.get("data_root"), device)
+            trainable, facts = fbftl.prepare_model(scheme, model, model_name, dataset, cfg.data_root, device)
         layout = FlatParams(model, trainable) if trainable is not None else None
         frozen = facts["frozen_numel"] if facts and scheme.train_head_only and not scheme.clients_hold_source else 0
         data = ClientData(x_train.to(device), y_train.to(device), parts)
         sim = Simulation(model=model, data=data, x_test=dataset.x_test.to(device), y_test=dataset.y_test.to(device),
                          sampler=sampler, scheme=scheme, spec=spec, seed=seed, device=device,
-                         chunk_size=int(c["chunk_size"]), workers=resolve_workers(c.get("workers", 1), device),
-                         vectorized=bool(c["vectorized"]), batched_layers=bool(c.get("batched_layers", True)),
+                         chunk_size=cfg.chunk_size, workers=resolve_workers(cfg.workers, device),
+                         vectorized=cfg.vectorized, batched_layers=cfg.batched_layers,
                          client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val, layout=layout,
-                         audit=make_audit(c), frozen_numel=0 if isinstance(scheme, FbFTL) else frozen)
+                         audit=make_audit(cfg), frozen_numel=0 if isinstance(scheme, FbFTL) else frozen)
     except ValueError as exc:  # a scheme's set-up refuses the model or the run's settings
         raise ConfigError(str(exc)) from None
     names = {"dataset": dataset.name, "model": model_name, "partition": part_name,
-             "scheme": _scheme_name(c), "dp": mode, "device": str(device)}
-    built = Built(sim, names, stats, {"task": dataset.task, "source": dataset.source})
+             "scheme": cfg.scheme_name, "dp": mode, "device": str(device)}
+    built = Built(sim, names, stats, {"task": dataset.task, "source": dataset.source}, cfg=cfg)
     if isinstance(scheme, FbFTL):
-        built.runner = fbftl.FbFTLRunner(scheme, facts, sim, float(c["lr"]), dataset.num_classes)
+        built.runner = fbftl.FbFTLRunner(scheme, facts, sim, cfg.lr, dataset.num_classes)
     elif facts is not None:
         built.extra_metrics = lambda rnd: fbftl.round_metrics(scheme, facts, sim, rnd)
     return built
-
-
-def _scheme_name(c: dict) -> str:
-    target = str(c["scheme"].get("_target_", "?"))
-    return c["scheme"].get("name") or target.rsplit(".", 1)[-1]
 
 
 # ------------------------------------------------------------------------------------------ progress
@@ -379,7 +368,7 @@ def epsilons(sim: Simulation, last: bool = False) -> dict[str, float]:
     return out
 
 
-def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | None = None,
+def run_rounds(built: Built, tracker, out_dir: Path, loop: LoopState | None = None,
                stop: "StopFlag | None" = None) -> dict[str, float]:
     """Drive the rounds of a built simulation (from ``loop.round + 1`` when resuming); returns the summary.
 
@@ -392,19 +381,20 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | 
     """
     from fedrun.checkpoint import CheckpointSchedule, save_checkpoint, state_bytes
 
-    sim, rounds = built.sim, int(c["rounds"])
+    sim, cfg = built.sim, built.cfg
+    rounds = cfg.rounds
     task = built.info["task"]
     key = "test_accuracy" if task == "classification" else "test_mse"
     better = (lambda a, b: a > b) if task == "classification" else (lambda a, b: a < b)
     r = sim.scheme.compression_ratio
     fraction = sim.sampler.fraction
     loop = loop or LoopState()
-    schedule = CheckpointSchedule(c.get("checkpoint_every", 0))
+    schedule = CheckpointSchedule(cfg.checkpoint_every)
     logged_up_to = tracker.last_step("uplink_bytes_total") if loop.round else 0
     csv_log = MetricsCSV(out_dir / "metrics.csv")
     csv_log.rows = list(loop.rows)
     pending: list[dict[str, float]] = []
-    progress = Progress(rounds, c["progress"], start=loop.round)
+    progress = Progress(rounds, cfg.progress, start=loop.round)
 
     def flush() -> None:
         for row in pending:
@@ -427,7 +417,7 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | 
             metrics = {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
             metrics.update(sim.ledger.metrics())
             metrics["cost_bits"] = paper_cost_bits(r, sim.n, rnd, fraction)
-            evaluated = rnd % int(c["eval_every"]) == 0 or rnd == rounds
+            evaluated = rnd % cfg.eval_every == 0 or rnd == rounds
             metrics.update(epsilons(sim, last=rnd == rounds))
             if "epsilon" in metrics:
                 metrics.update(sim.privatizer.diagnostics)
@@ -440,7 +430,7 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | 
                     loop.best = {"value": metrics[key], "round": rnd, "cost": metrics["cost_bits"],
                                  "uplink": metrics["uplink_bytes_total"],
                                  "epsilon": metrics.get("epsilon", math.nan)}
-            if evaluated and c["patience"] > 0:
+            if evaluated and cfg.patience > 0:
                 ev = sim.evaluate("validation")
                 val = ev["accuracy"] if task == "classification" else ev["mse"]
                 metrics["val_" + key.removeprefix("test_")] = val
@@ -454,7 +444,7 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | 
             pending.append(row)
             loop.round = rnd
             progress.update(rnd, rounds, metrics)
-            early = c["patience"] > 0 and loop.since_best >= int(c["patience"])
+            early = cfg.patience > 0 and loop.since_best >= cfg.patience
             if early:
                 loop.stopped = rnd
                 log.info("early stopping at round %d: no improvement on the held-out split for %d evaluations",
@@ -465,7 +455,7 @@ def run_rounds(built: Built, c: dict, tracker, out_dir: Path, loop: LoopState | 
             elif schedule.due(rnd, state_bytes(sim)) or rnd == rounds or early or interrupted:
                 flush()
                 with schedule.timed(state_bytes(sim)):
-                    save_checkpoint(out_dir, built, c, loop, tracker.run_id, finished=rnd == rounds or early)
+                    save_checkpoint(out_dir, built, loop, tracker.run_id, finished=rnd == rounds or early)
             if interrupted:
                 raise RunInterrupted(rnd, out_dir)
             if early:
@@ -504,20 +494,23 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     out = Path(out_dir) if out_dir is not None else Path.cwd()
     tracker = tracker or NullTracker()
     tracker.check()  # an unreachable tracking server fails here, before any data loading or training
-    prepare(c)  # resolved before looking for a checkpoint: checkpoints store the resolved config
+    for note in prepare(c):  # resolved before looking for a checkpoint: checkpoints store the resolved config
+        log.info(note)
     chash = config_hash(c)
-    if c.get("skip_finished") and c.get("resume") in (None, False, "false", "False"):
+    cfg = typed(c)  # below: the typed config only
+    resume = cfg.resume not in (None, False, "false", "False")
+    if cfg.skip_finished and not resume:
         done = tracker.find_finished(chash)
         if done is not None:  # a resumable sweep: this job's experiment already ran to the end
             log.info("skip_finished: run %s already finished this configuration (fedrun.config_hash=%s)", done, chash)
             return {"skipped": 1.0}
     ckpt_path = None
-    if c.get("resume") not in (None, False, "false", "False"):
+    if resume:
         roots = [Path.cwd() / "outputs", Path.cwd() / "multirun", out.parent.parent]
-        ckpt_path = find_checkpoint(c["resume"], c, roots, c.get("tracking", {}).get("uri"))
+        ckpt_path = find_checkpoint(cfg.resume, dict(cfg.record), roots, cfg.tracking_uri)
         out = ckpt_path.parent
     out.mkdir(parents=True, exist_ok=True)
-    built = build(c)
+    built = build(cfg)
     loop = LoopState()
     run_id = None
     if ckpt_path is not None:
@@ -531,13 +524,13 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     if dirty:  # the uncommitted changes the run ran with, logged as an artifact
         (out / "git_diff.patch").write_text(diff)
     tags.update(built.sim.scheme.tags)
-    params = flatten({k: v for k, v in c.items() if k not in ("hydra", "resume")})
-    run_name = c.get("tracking", {}).get("run_name") or f"{names['scheme']}-{names['dataset']}"
+    params = flatten({k: v for k, v in c.items() if k not in ("hydra", "resume")})  # the logged params: the dict
+    run_name = cfg.run_name or f"{names['scheme']}-{names['dataset']}"
     tracker.start(params, tags, run_name=run_name, run_id=run_id)
     if ckpt_path is None:
         (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(c)))
         tracker.log_metrics({f"partition_{k}": float(v) for k, v in built.partition_stats.items()}, step=0)
-        if CheckpointSchedule(c.get("checkpoint_every", 0)).enabled:
+        if CheckpointSchedule(cfg.checkpoint_every).enabled:
             tracker.set_tags({"fedrun.checkpoint": str((out / CHECKPOINT).resolve()),
                               "fedrun.run_dir": str(out.resolve())})
     if built.sim.client_dp is not None:
@@ -553,7 +546,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     status = "FAILED"
     try:
         with StopFlag() as stop:
-            summary = run_rounds(built, c, tracker, out, loop, stop)
+            summary = run_rounds(built, tracker, out, loop, stop)
         if built.sim.accountant is not None:
             acct = built.sim.accountant.summary()
             dp = built.sim.client_dp

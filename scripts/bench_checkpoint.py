@@ -77,7 +77,7 @@ def timed_run(c: dict, every, out_dir: Path) -> dict:
     loop = LoopState()
     try:
         t0 = time.perf_counter()
-        run_rounds(built, c, NullTracker(), out_dir, loop)
+        run_rounds(built, NullTracker(), out_dir, loop)
         wall = time.perf_counter() - t0
     finally:
         ckpt.save_checkpoint = original
@@ -98,7 +98,7 @@ def dense_save(run: dict, c: dict, out_dir: Path) -> dict:
     cs.state_dict = lambda: dense
     try:
         t0 = time.perf_counter()
-        path = save_checkpoint(out_dir, run["built"], c, run["loop"], None, finished=True)
+        path = save_checkpoint(out_dir, run["built"], run["loop"], None, finished=True)
         seconds = time.perf_counter() - t0
     finally:
         cs.state_dict = sparse_state_dict

@@ -260,7 +260,7 @@ def test_scheme_state_resumes_exactly(env, scheme, extra, tmp_path):
     c = cfg(env, scheme, "rounds=3", *extra)
     first = build(c)
     rounds(first, 2)
-    path = save_checkpoint(tmp_path, first, c, LoopState(round=2), None)
+    path = save_checkpoint(tmp_path, first, LoopState(round=2), None)
     again = build(cfg(env, scheme, "rounds=3", *extra))
     load_into(path, again, LoopState())
     sim = again.sim

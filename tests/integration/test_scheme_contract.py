@@ -170,7 +170,7 @@ def _two_rounds(c: dict, tmp_path: Path):
     built = build(c)
     obs = Observer(built)
     loop = LoopState()
-    return built, obs, loop, (lambda: run_rounds(built, c, NullTracker(), tmp_path, loop))
+    return built, obs, loop, (lambda: run_rounds(built, NullTracker(), tmp_path, loop))
 
 
 # ------------------------------------------------------------------------------------------ declarations

@@ -312,9 +312,9 @@ def _spy_saves(monkeypatch, saves: list[int], clock=None, sizes: list | None = N
     sizes the runner gives it)."""
     original = checkpoint_module.save_checkpoint
 
-    def spy(out_dir, built, c, loop, run_id, finished=False):
+    def spy(out_dir, built, loop, run_id, finished=False):
         saves.append(loop.round)
-        return original(out_dir, built, c, loop, run_id, finished)
+        return original(out_dir, built, loop, run_id, finished)
 
     monkeypatch.setattr(checkpoint_module, "save_checkpoint", spy)
 
@@ -338,7 +338,7 @@ def test_auto_saves_at_round_one_and_the_last_round_with_metrics_first(run_cfg, 
     _spy_saves(monkeypatch, saves, clock=lambda: float(next(ticks)), sizes=sizes)  # a save and a round: 1 tick
     tracker = RecordingTracker(saves)
     built = build(run_cfg)
-    run_rounds(built, run_cfg, tracker, tmp_path, LoopState())
+    run_rounds(built, tracker, tmp_path, LoopState())
     assert saves == [1, 3]
     assert tracker.steps == [1, 2, 3]
     assert tracker.saves_seen == [0, 1, 1]  # each round's metrics reached the tracker before its checkpoint
@@ -356,7 +356,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_state(run_cfg, tmp_path, m
 
     whole = build(run_cfg)
     whole_loop = LoopState()
-    run_rounds(whole, run_cfg, NullTracker(), whole_dir, whole_loop)
+    run_rounds(whole, NullTracker(), whole_dir, whole_loop)
 
     first = build(run_cfg)
     loop = LoopState()
@@ -368,7 +368,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_state(run_cfg, tmp_path, m
 
     saves.clear()
     with pytest.raises(RunInterrupted):
-        run_rounds(first, run_cfg, RecordingTracker(saves), cut_dir, loop, stop=StopAfterRound2())
+        run_rounds(first, RecordingTracker(saves), cut_dir, loop, stop=StopAfterRound2())
     assert saves[-1] == 2
     state = torch.load(cut_dir / CHECKPOINT, weights_only=False)
     for name in (MOMENTUM, ERROR):
@@ -382,7 +382,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_state(run_cfg, tmp_path, m
     assert loop2.round == 2
     tracker = RecordingTracker(saves)
     tracker.steps = [1, 2]  # what the interrupted run had logged
-    run_rounds(resumed, run_cfg, tracker, cut_dir, loop2)
+    run_rounds(resumed, tracker, cut_dir, loop2)
     assert tracker.steps == [1, 2, 3]
     assert torch.equal(resumed.sim.params, whole.sim.params)
     for name in (MOMENTUM, ERROR):

@@ -49,14 +49,15 @@ def _make(sens: str | None, *, mechanism="gaussian", lr=0.05, steps=E, model="lr
           x=None, parts=None):
     if x is None:
         x, parts = _clients()
-    c = {"epsilon": EPS, "noise_multiplier": None, "local_dp_calibration": "classic", "rounds": T_L, "seed": 0,
-         "delta": 1e-4, "accountant": "rdp", "scheme": {"name": "ldp_fedavg"}, "model": {"name": model},
-         "dataset": {"name": "synthetic", "default_model": "lr"}}
-    if sens is not None:
-        c["local_dp_sensitivity"] = sens
+    from types import SimpleNamespace
+
+    default = compose([]).local_dp_sensitivity  # conf/config.yaml's, the one default
+    cfg = SimpleNamespace(dp=f"local_{mechanism}", epsilon=EPS, noise_multiplier=None, local_dp_calibration="classic",
+                          local_dp_sensitivity=default if sens is None else sens, rounds=T_L, seed=0, delta=1e-4,
+                          accountant="rdp", scheme_name="ldp_fedavg", model=model)
     spec = LocalSpec(mode="gd", steps=steps, lr=lr, clip_norm=ZETA, loss=loss, clip_mode=clip_mode,
                      clip_ord=1 if mechanism == "laplace" else 2)
-    return make_local_dp(c, f"local_{mechanism}", AllSampler(num_clients=len(parts)), parts, spec, x_train=x)
+    return make_local_dp(cfg, AllSampler(num_clients=len(parts)), parts, spec, x_train=x)
 
 
 def _proven(n: int, lr: float) -> float:
@@ -65,7 +66,7 @@ def _proven(n: int, lr: float) -> float:
 
 # ------------------------------------------------------------------------------------------- the default
 def test_default_is_the_proven_sensitivity():
-    """conf/config.yaml and make_local_dp without the key: Δ = 2ζη/n_l + 2ζη(E−1), not marked conditional."""
+    """conf/config.yaml's default: Δ = 2ζη/n_l + 2ζη(E−1), not marked conditional."""
     assert compose([]).local_dp_sensitivity == "proven"
     for sens in (None, "proven"):
         dp = _make(sens, mechanism="laplace")

@@ -62,7 +62,9 @@ def test_server_velocity_is_checkpointed(tmp_path) -> None:
     a = _real_sim(FedAvg(server_momentum=0.9))
     n = a.n
     a.server_step(torch.ones(n))
-    save_checkpoint(tmp_path, Built(a, {}, {}), {}, LoopState(round=1), None)
+    from types import SimpleNamespace
+
+    save_checkpoint(tmp_path, Built(a, {}, {}, cfg=SimpleNamespace(record={})), LoopState(round=1), None)
     b = _real_sim(FedAvg(server_momentum=0.9))
     load_into(tmp_path / "checkpoint.pt", Built(b, {}, {}), LoopState())
     before = a.params.clone()

@@ -220,7 +220,12 @@ def test_every_metric_a_run_logs_is_a_key_metric_or_in_a_group(kind, groups, mon
 
     built = _built(kind)
     built.sim.x_val, built.sim.y_val = built.sim.x_test, built.sim.y_test  # patience=1 evaluates it
+    from types import SimpleNamespace
+
+    built.cfg = SimpleNamespace(rounds=2, eval_every=1, patience=1, checkpoint_every=0, progress="off", record={},
+                                skip_finished=False, resume=False, run_name=None, tracking_uri=None)
     monkeypatch.setattr(fr, "prepare", lambda c: [])
+    monkeypatch.setattr(fr, "typed", lambda c: built.cfg)
     monkeypatch.setattr(fr, "build", lambda c: built)
     rec = Recorder()
     fr.run(dict(RUN_CONFIG), tracker=rec, out_dir=tmp_path)
