@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from fedrun.config import ConfigError
+from fedrun.config import VOLATILE, ConfigError
 
 CHECKPOINT = "checkpoint.pt"
 SIDECAR = "checkpoint.json"
@@ -35,15 +35,6 @@ FORMAT = 3  # 3: the simulation's server state (momentum, who holds f¹) apart f
 READABLE = (3,)
 #: checkpoint_every=auto keeps the time spent saving (the final save included) within this share of the run's
 AUTO_SHARE = 0.05
-#: config keys that may differ between the interrupted run and its resumption
-VOLATILE = ("resume", "progress", "hydra", "workers", "checkpoint_every", "chunk_size")
-
-
-def comparable(c: dict) -> dict:
-    """The config without keys that do not change the run's results."""
-    return {k: v for k, v in c.items() if k not in VOLATILE}
-
-
 #: keys outside the hash that names a run's configuration (where it is logged, how it is driven)
 #: ``server_lr`` is an input that :func:`fedrun.config.resolve_server_opts` resolves into ``scheme.server_lr``,
 #: which is hashed: two runs at the same η_g are the same run however the table around it reads.

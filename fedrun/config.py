@@ -373,6 +373,15 @@ def _typed(value: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------ typed config
+#: config keys that may differ between an interrupted run and its resumption (outside RunConfig.record)
+VOLATILE = ("resume", "progress", "hydra", "workers", "checkpoint_every", "chunk_size")
+
+
+def comparable(c: Mapping[str, Any]) -> dict[str, Any]:
+    """The config without keys that do not change the run's results."""
+    return {k: v for k, v in c.items() if k not in VOLATILE}
+
+
 @dataclass(frozen=True)
 class DatasetConfig:
     """conf/dataset/<name>.yaml's ``dataset:`` table."""
@@ -451,8 +460,6 @@ class RunConfig:
 def typed(c: Mapping[str, Any]) -> RunConfig:
     """The resolved and validated config dict (after :func:`resolve_defaults` and :func:`validate`) as a
     :class:`RunConfig`."""
-    from fedrun.checkpoint import comparable
-
     ds = {k: v for k, v in c["dataset"].items() if k in DatasetConfig.__dataclass_fields__}
     dataset = DatasetConfig(**ds)
     part = dict(c["partition"])
