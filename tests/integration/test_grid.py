@@ -1,5 +1,5 @@
 """The dataset × scheme grid: ``fedrun dataset=X scheme=Y`` with only those two choices gives a runnable,
-sensible configuration, or a one-line refusal that names the pair (issue 12).
+sensible configuration, or a one-line refusal that names the pair.
 
 Fast: every pair composes, prints as a readable config (what ``fedrun --cfg job`` shows) and is prepared
 (defaults resolved, DP decided, pair checked) before any data is loaded. The one-round run of every pair is

@@ -1,4 +1,4 @@
-"""Runs record exactly what ran (issue 15): the config hash that lets a re-run sweep skip finished jobs, and the
+"""Runs record exactly what ran: the config hash that lets a re-run sweep skip finished jobs, and the
 git state (commit, dirty flag, the uncommitted diff as an artifact)."""
 
 import subprocess

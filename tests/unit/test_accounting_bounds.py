@@ -1,4 +1,4 @@
-"""Accounting that cannot blow up (fedrun.privacy.accounting, issue 13 item 5).
+"""Accounting that cannot blow up (fedrun.privacy.accounting).
 
 For σ → 0, q → 1, up to 10⁶ rounds and any δ, every accountant call must return promptly a valid upper bound
 on ε (possibly ∞) or raise a one-line ValueError — never allocate without bound (before the guard, PLD ε of

@@ -1,4 +1,4 @@
-"""Checkpoints that cost little (issue 14, item 4): sparse per-client state and the checkpoint schedule.
+"""Checkpoints that cost little: sparse per-client state and the checkpoint schedule.
 
 * ``ClientState`` keeps rows only for the clients that have been set: absent clients read as zeros, its
   ``state_dict`` holds those clients' ids and rows (so a checkpoint grows with the clients touched, not with

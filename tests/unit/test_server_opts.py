@@ -1,4 +1,4 @@
-"""Server-side options set alike for every compared scheme (issue 15): server momentum on the decoded update
+"""Server-side options set alike for every compared scheme: server momentum on the decoded update
 (FedAvgM) for FedAvg-shaped schemes, FL-CS's momentum + error feedback in R^m, and ``server_opts`` mapping them."""
 
 import numpy as np
