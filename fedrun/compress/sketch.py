@@ -37,15 +37,19 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 import warnings
 
 import torch
 
 __all__ = [
+    "ASSUMPTION_FAILURE",
     "MERSENNE_PRIME",
     "CountSketch",
     "compression_ratio",
+    "default_c_over_sigma",
     "sketch_epsilon",
+    "theorem1",
 ]
 
 MERSENNE_PRIME: int = 2**31 - 1
@@ -118,6 +122,43 @@ def sketch_epsilon(rows: int, cols: int, length: int, sigma: float, bound_C: flo
             f"bound_C={bound_C}, alpha={alpha}); allowed: the left side <= the right side"
         )
     return rows * math.log1p(q)
+
+
+#: Assumption 1 of paper 002 (from Li et al.): |x_i| <= C "with a large probability"; the default C/σ
+#: makes all l i.i.d. N(0, σ²) entries lie within ±C with probability >= 1 − this (union bound).
+ASSUMPTION_FAILURE = 0.05
+
+
+def default_c_over_sigma(length: int, failure: float = ASSUMPTION_FAILURE) -> float:
+    """C/σ such that ``length`` i.i.d. N(0, σ²) entries all satisfy |x_i| <= C w.p. >= 1 − failure."""
+    return statistics.NormalDist().inv_cdf(1.0 - failure / (2.0 * length))
+
+
+def theorem1(rows: int, cols: int, length: int, c_over_sigma: float | None, alpha: float,
+             exact_values: bool) -> tuple[float | None, dict[str, str]]:
+    """Paper 002, Theorem 1 for one released ``rows × cols`` sketch: ``(ε, tags)``, ε None unless its assumptions and
+    condition hold; tags ``sketch_epsilon_assumption`` and ``sketch_epsilon_status`` say which (and ``sketch.rows``,
+    ``sketch.cols``). ``c_over_sigma`` None: the default C/σ; ``exact_values``: a second exchange releases exact
+    coordinates (not covered by the theorem)."""
+    c_sigma = c_over_sigma if c_over_sigma is not None else default_c_over_sigma(length)
+    origin = "given" if c_over_sigma is not None else (
+        f"default: all {length} entries within ±C w.p. >= {1 - ASSUMPTION_FAILURE:g}")
+    assumption = (f"paper 002 Theorem 1 (Li et al.), Assumption 1: the {length} entries of the sketched update are "
+                  f"i.i.d. N(0, σ²) and bounded, |x_i| <= C, C/σ = {c_sigma:.4g} ({origin}), α = {alpha:g}; "
+                  f"holds with high probability, per released sketch (no composition over rounds); "
+                  f"not a worst-case DP guarantee")
+    epsilon = None
+    if exact_values:
+        status = ("not available: exact heavy-coordinate values are released in a second exchange; "
+                  "Theorem 1 covers a release of the sketch only")
+    else:
+        try:
+            epsilon = sketch_epsilon(rows, cols, length, sigma=1.0, bound_C=c_sigma, alpha=alpha)
+            status = "valid"
+        except ValueError as exc:
+            status = f"not available: {exc}"
+    return epsilon, {"sketch_epsilon_assumption": assumption[:4900], "sketch_epsilon_status": status[:4900],
+                     "sketch.rows": str(rows), "sketch.cols": str(cols)}
 
 
 def _median_last(values: torch.Tensor) -> torch.Tensor:
@@ -518,3 +559,15 @@ class CountSketch:
         else:
             out.scatter_(1, idx, heavy)
         return out.reshape(shape)
+
+    def unsketch(self, S: torch.Tensor, method: str, m: int, heavy: torch.Tensor | None = None,
+                 values: torch.Tensor | None = None) -> torch.Tensor:
+        """``privix(S)`` or ``heaprix(S, m)`` of S [t, k] or [K, t, k]; HEAPRIX on the heavy set ``heavy`` [m] (one
+        for the whole batch), with its exact values ``values`` if given."""
+        if method == "privix":
+            return self.privix(S)
+        if heavy is None:
+            return self.heaprix(S, m)
+        if S.dim() == 3:
+            heavy = heavy.unsqueeze(0).expand(S.shape[0], -1).contiguous()
+        return self.heaprix(S, m, exact_heavy_values=values, indices=heavy)

@@ -2,8 +2,8 @@
 
 The round itself belongs to :class:`fedrun.simulation.Simulation` (``Simulation.run_round``); a scheme never sees
 the global parameters, the clients' local models, the accountant or the simulation. It implements at most five
-methods — ``setup``, ``encode`` (client), ``decode`` (server), and for protocols with a second exchange ``query``
-(server) and ``feedback`` (client) — and declares the facts the round needs as attributes (see :class:`Scheme`).
+methods (``setup``; ``encode``, ``decode`` and, for a second exchange, ``query`` and ``feedback``) and declares the
+facts the round needs as attributes (see :class:`Scheme`).
 
 The simulation runs the client side on its own copy of the scheme (made after ``setup``), so nothing ``encode``
 keeps on ``self`` reaches ``decode``: what the server learns of the clients is the output of the DP aggregator
@@ -23,13 +23,19 @@ from fedrun.rng import derive_seed
 SERVER_OPTIONS = ("server_lr", "server_momentum")
 
 
+def check(name: str, value: Any, allowed: str, ok=lambda v: True, kind=(int, float), null: bool = False) -> Any:
+    """``value`` if None (where ``null``) or a ``kind`` (a bool only where ``kind`` has bool) with ``ok(value)``."""
+    bad_type = isinstance(value, bool) and bool not in kind or not isinstance(value, kind)
+    if not (null and value is None) and (bad_type or not ok(value)):
+        raise ValueError(f"scheme.{name}={value!r}; allowed: {allowed}")
+    return value
+
+
 @dataclass(frozen=True)
 class Env:
-    """What a scheme may know at set-up: sizes, device, the run's shared randomness and public facts of the run.
-
+    """What a scheme may know at set-up: sizes, device, the run's shared randomness and public facts of the run:
     ``dp`` is the DP mode (``off`` | ``client`` | ``local``); ``dp_noise_std`` the std of the client-level DP noise
-    in each coordinate of the aggregate (σ·S/(qN)), None without client-level DP.
-    """
+    in each coordinate of the aggregate (σ·S/(qN)), None without client-level DP."""
 
     n: int
     device: torch.device
@@ -90,8 +96,7 @@ class Scheme:
       answer it (None: the update itself).
     * ``state`` — server-side attributes a checkpoint keeps; set at ``setup``: ``payload_dim``, ``message`` (one
       client's upload, for the byte ledger), ``compression_ratio`` (r of paper 000's cost formula), ``tags``;
-      after each ``decode``: ``metrics`` (diagnostics of the round).
-    """
+      after each ``decode``: ``metrics`` (diagnostics of the round)."""
 
     dp_modes: tuple[str, ...] = ("off", "client", "local")
     weighting: str = "size"
@@ -108,20 +113,15 @@ class Scheme:
     train_head_only: bool = False
 
     def __init__(self, server_lr: float = 1.0, server_momentum: float = 0.0) -> None:
-        if isinstance(server_lr, bool) or not isinstance(server_lr, (int, float)) or not server_lr > 0:
-            raise ValueError(f"scheme.server_lr={server_lr!r}; allowed: a number > 0")
-        if isinstance(server_momentum, bool) or not isinstance(server_momentum, (int, float)) \
-                or not 0.0 <= server_momentum < 1.0:
-            raise ValueError(f"scheme.server_momentum={server_momentum!r}; allowed: 0 <= server_momentum < 1")
-        self.server_lr, self.server_momentum = float(server_lr), float(server_momentum)
+        self.server_lr = float(check("server_lr", server_lr, "a number > 0", lambda v: v > 0))
+        self.server_momentum = float(check("server_momentum", server_momentum, "0 <= server_momentum < 1",
+                                           lambda v: 0.0 <= v < 1.0))
         self.metrics: dict[str, float] = {}
         self.tags: dict[str, str] = {}
 
     def setup(self, env: Env) -> None:
         """Sizes are known: allocate server state, set ``payload_dim``, ``message`` and ``compression_ratio``."""
-        self.payload_dim = env.n
-        self.message = Message.of_shape(env.n)
-        self.compression_ratio = 1.0
+        self.payload_dim, self.message, self.compression_ratio = env.n, Message.of_shape(env.n), 1.0
 
     def encode(self, rnd: int, updates: torch.Tensor, state: ClientView) -> torch.Tensor:
         """Client side: updates [k, n] (local − global) → payloads [k, payload_dim]."""
@@ -140,14 +140,11 @@ class Scheme:
         """Client side, after the round: update client state from its own payloads ``sent`` [K, d], its answers
         to the query ``values`` [K, m] and what it received."""
 
-    # -- checkpoints (the attributes named in ``state``) --------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name in self.state:
-            value = state[name]
-            old = getattr(self, name, None)
-            if isinstance(value, torch.Tensor) and isinstance(old, torch.Tensor):
-                value = value.to(old.device)
-            setattr(self, name, value)
+        for name in self.state:  # a tensor goes to the device of the one it replaces
+            value, old = state[name], getattr(self, name, None)
+            moved = isinstance(value, torch.Tensor) and isinstance(old, torch.Tensor)
+            setattr(self, name, value.to(old.device) if moved else value)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from fedrun.schemes.base import ClientView, Env, Received
+from fedrun.schemes.base import ClientView, Env, Received, check
 from fedrun.schemes.sketch import SketchScheme
 
 MOMENTUM = "sketchedsgd_momentum"
@@ -43,19 +43,15 @@ class SketchedSGD(SketchScheme):
     broadcast = "none"  # every worker keeps a replica; it receives the sparse update (v̄, H) only
     query_source = ERROR  # the second exchange sends v_j[H]
     queries = True
+    dp_refusal = ("dp=true with scheme=sketchedsgd: its second exchange sends exact coordinates that client-level DP "
+                  "on the sketch does not cover; allowed with dp=true: scheme=fedsketch with unsketch=privix or "
+                  "heavy_values=sketch")
 
     def __init__(self, rows: int = 20, cols: int = 40, num_heavy: int | None = None, momentum: float = 0.9,
                  hashes: str = "fixed", weighting: str = "uniform", server_lr: float = 1.0) -> None:
         super().__init__(rows=rows, cols=cols, num_heavy=num_heavy, hashes=hashes, weighting=weighting,
                          server_lr=server_lr)
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
-            raise ValueError(f"scheme.momentum={momentum!r}; allowed: 0 <= momentum < 1")
-        self.momentum = float(momentum)
-
-    def _dp_refusal(self) -> str:
-        return ("dp=true with scheme=sketchedsgd: its second exchange sends exact coordinates that client-level DP "
-                "on the sketch does not cover; allowed with dp=true: scheme=fedsketch with unsketch=privix or "
-                "heavy_values=sketch")
+        self.momentum = float(check("momentum", momentum, "0 <= momentum < 1", lambda v: 0 <= v < 1))
 
     def setup(self, env: Env) -> None:
         if env.local_steps != 1:
@@ -73,7 +69,7 @@ class SketchedSGD(SketchScheme):
 
     def query(self, rnd: int, aggregate: torch.Tensor) -> torch.Tensor:
         """H = top-m of |PRIVIX[S̄]|, sent to the participants."""
-        self.H = self.sketch(rnd).heavy_hitters(aggregate.reshape(self.rows, self.cols), self.m)
+        self.H = super().query(rnd, aggregate)
         return self.H
 
     def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:

@@ -51,7 +51,7 @@ def label_dtype(num_classes: int) -> torch.dtype:
 
 class TransferScheme(FedAvg):
     """FedAvg with paper 003's initialisation and trainable-set choices (base of FL, FTL-full, FTL-c); the model is
-    prepared by :func:`fedrun.transfer.fbftl.prepare_model` before the simulation is built."""
+    prepared by :func:`fedrun.transfer.source.prepare_model` before the simulation is built."""
 
     needs_image_source = True
     init_from_source = True

@@ -1,69 +1,25 @@
-"""Paper 003 beside the round: model preparation (f¹ from the source model), per-round paper metrics, and FbFTL's
-own protocol (clients upload (f¹(x), y) once; the server trains f²), which is not a FedAvg round.
+"""FbFTL's own protocol (paper 003, Alg. 1), which is not a FedAvg round: clients upload (f¹(x), y) once; the server
+trains f². Its metrics per round are FL's, FTL-full's and FTL-c's (:func:`fedrun.transfer.split.round_metrics`) with
+FbFTL's payloads: eqs. (6) and (10), ``upload_batches_total`` in samples, ``params_per_batch`` = N⁻_{m_c} features.
 
-Metrics per round (cumulative): ``paper_uplink_bits`` / ``paper_downlink_bits`` (the paper's formulas,
-:mod:`fedrun.transfer.split`), ``upload_batches_total`` (client updates; FbFTL: samples),
-``params_per_batch``, ``uplink_bytes_per_batch`` (measured), ``downlink_broadcast_bytes_total`` (each broadcast
-once, as the paper's (10) counts); round 1 also logs the source model's test accuracy.
+Re-exported for :mod:`fedrun.run`: ``prepare_model`` (:mod:`fedrun.transfer.source`), ``round_metrics``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 import torch
 
 from fedrun.comm import Message
-from fedrun.schemes.transfer import FbFTL, TransferScheme, label_dtype
+from fedrun.schemes.transfer import FbFTL, label_dtype
 from fedrun.transfer import server as srv
 from fedrun.transfer import split
-from fedrun.transfer.source import SourceSpec, check_source_dataset, load_or_train
+from fedrun.transfer.source import prepare_model
+from fedrun.transfer.split import round_metrics
 
 log = logging.getLogger("fedrun")
-
-
-def prepare_model(scheme: TransferScheme, model: torch.nn.Module, name: str, dataset, data_root, device):
-    """Initialise f¹ from the source model (FTL-*, FbFTL) in place; returns (trainable names or None, facts)."""
-    cut = split.check_cut(model, name, scheme.cut_layer)
-    f1, f2 = split.split_names(model, cut)
-    facts = {"cut": cut, "frozen_numel": split.numel_of(model, f1),
-             "features": split.feature_dim(model, cut, dataset.x_test[:1]), "source_info": {}}
-    if scheme.init_from_source:
-        from fedrun.models.nets import build_model
-
-        check_source_dataset(scheme.source_dataset, name)
-        if scheme.source_dataset == dataset.name:
-            log.warning("source_dataset=%s is the target dataset itself: not transfer learning", dataset.name)
-        src_data = None
-        if scheme.source_dataset != "imagenet":
-            from fedrun.data.sources import load_dataset
-
-            src_data = load_dataset(scheme.source_dataset, data_root)
-            if tuple(src_data.input_shape) != tuple(dataset.input_shape):
-                raise ValueError(f"source_dataset={scheme.source_dataset} has inputs {src_data.input_shape}, "
-                                 f"dataset={dataset.name} has {dataset.input_shape}; they must match")
-        spec = SourceSpec(dataset=scheme.source_dataset, model=name, **scheme.source_settings)
-        src = load_or_train(spec, lambda k: build_model(name, num_classes=k), data_root=data_root, device=device,
-                            dataset=src_data)
-        split.copy_extractor(model, src.state_dict, cut)
-        facts["source_info"] = {"source_test_accuracy": float(src.info.get("test_accuracy", math.nan)),
-                                "source_train_seconds": float(src.info.get("train_seconds", math.nan)),
-                                "source_cached": float(src.cached)}
-    return (set(f2) if scheme.train_head_only else None), facts
-
-
-def round_metrics(scheme: TransferScheme, facts: dict, sim, rnd: int) -> dict[str, float]:
-    """Paper 003's per-round figures for FL, FTL-full and FTL-c (module docstring)."""
-    frozen = facts["frozen_numel"] if scheme.train_head_only else 0
-    out = {"paper_uplink_bits": split.fedavg_uplink_bits(rnd, sim.sampler.expected_clients, sim.n),
-           "paper_downlink_bits": split.fedavg_downlink_bits(rnd, sim.n, frozen),
-           "upload_batches_total": float(sim.ledger.uplink_messages_total), "params_per_batch": float(sim.n),
-           "uplink_bytes_per_batch": float(4 * sim.n), "downlink_broadcast_bytes_total": float(sim.ledger.broadcast_total),
-           "frozen_params": float(facts["frozen_numel"] if scheme.init_from_source else 0),
-           "feature_dim": float(facts["features"]), "cut_layer": float(facts["cut"])}
-    return {**out, **(facts["source_info"] if rnd == 1 else {})}
 
 
 class FbFTLRunner:
@@ -176,3 +132,6 @@ def _leakage(labels: list[np.ndarray], num_classes: int) -> dict[str, float]:
     s = lk.type_counts_from_labels(np.stack(labels).astype(np.int64), n)
     return {"label_leakage_bits": lk.leakage(s, n, k), "label_leakage_expected_bits": lk.expected_leakage(n, k, u).mean,
             "label_prior_bits": lk.prior_entropy(n, k)}
+
+
+__all__ = ["FbFTLRunner", "prepare_model", "round_metrics"]

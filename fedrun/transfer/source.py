@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import torch
@@ -38,6 +38,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedrun.config import ConfigError
+from fedrun.transfer import split
+
+if TYPE_CHECKING:
+    from fedrun.schemes.transfer import TransferScheme
 
 log = logging.getLogger("fedrun")
 
@@ -271,6 +275,37 @@ def load_or_train(spec: SourceSpec, make_model, *, data_root: str | None = None,
         return SourceModel(state, key, path, False, info)
 
 
+def prepare_model(scheme: TransferScheme, model: torch.nn.Module, name: str, dataset, data_root, device):
+    """Paper 003's model preparation: initialise f¹ from the source model (FTL-*, FbFTL) in place, before the
+    simulation is built; returns (the trainable names, or None for all; facts: cut, sizes, source info)."""
+    cut = split.check_cut(model, name, scheme.cut_layer)
+    f1, f2 = split.split_names(model, cut)
+    facts = {"cut": cut, "frozen_numel": split.numel_of(model, f1),
+             "features": split.feature_dim(model, cut, dataset.x_test[:1]), "source_info": {}}
+    if scheme.init_from_source:
+        from fedrun.models.nets import build_model
+
+        check_source_dataset(scheme.source_dataset, name)
+        if scheme.source_dataset == dataset.name:
+            log.warning("source_dataset=%s is the target dataset itself: not transfer learning", dataset.name)
+        src_data = None
+        if scheme.source_dataset != "imagenet":
+            from fedrun.data.sources import load_dataset
+
+            src_data = load_dataset(scheme.source_dataset, data_root)
+            if tuple(src_data.input_shape) != tuple(dataset.input_shape):
+                raise ValueError(f"source_dataset={scheme.source_dataset} has inputs {src_data.input_shape}, "
+                                 f"dataset={dataset.name} has {dataset.input_shape}; they must match")
+        spec = SourceSpec(dataset=scheme.source_dataset, model=name, **scheme.source_settings)
+        src = load_or_train(spec, lambda k: build_model(name, num_classes=k), data_root=data_root, device=device,
+                            dataset=src_data)
+        split.copy_extractor(model, src.state_dict, cut)
+        facts["source_info"] = {"source_test_accuracy": float(src.info.get("test_accuracy", math.nan)),
+                                "source_train_seconds": float(src.info.get("train_seconds", math.nan)),
+                                "source_cached": float(src.cached)}
+    return (set(f2) if scheme.train_head_only else None), facts
+
+
 # --------------------------------------------------------------------------------------------- ImageNet
 def imagenet_weights_file(model: str = "vgg16") -> Path:
     """Where torchvision keeps ``model``'s ImageNet weights; ConfigError (one line) when they are missing."""
@@ -298,4 +333,4 @@ def load_imagenet(spec: SourceSpec) -> SourceModel:
 
 
 __all__ = ["SOURCE_DATASETS", "SourceModel", "SourceSpec", "accuracy", "cache_path", "check_source_dataset",
-           "data_fingerprint", "imagenet_weights_file", "load_or_train", "source_key", "train_source"]
+           "data_fingerprint", "imagenet_weights_file", "load_or_train", "prepare_model", "source_key", "train_source"]

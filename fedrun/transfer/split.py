@@ -23,11 +23,15 @@ in-text references "(4)" and "(5)" agree with that count):
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from fedrun.config import ConfigError
+
+if TYPE_CHECKING:
+    from fedrun.schemes.transfer import TransferScheme
 
 D_BITS = 32  # d: float32
 
@@ -129,6 +133,22 @@ def upload_ratio(head_params: int, features: int) -> float:
     return int(head_params) / int(features)
 
 
+def round_metrics(scheme: TransferScheme, facts: dict, sim, rnd: int) -> dict[str, float]:
+    """Paper 003's per-round figures for FL, FTL-full and FTL-c, cumulative: ``paper_uplink_bits`` /
+    ``paper_downlink_bits`` (eqs. (2)–(4), (10), U·C the sampler's expected clients per round, I the rounds so far),
+    ``upload_batches_total`` (client updates), ``params_per_batch`` (trained parameters), ``uplink_bytes_per_batch``,
+    ``downlink_broadcast_bytes_total`` (each broadcast once, as the paper's (10) counts); round 1 also the source
+    model's test accuracy. ``sim`` is the :class:`fedrun.simulation.Simulation`, ``facts`` from ``prepare_model``."""
+    frozen = facts["frozen_numel"] if scheme.train_head_only else 0
+    out = {"paper_uplink_bits": fedavg_uplink_bits(rnd, sim.sampler.expected_clients, sim.n),
+           "paper_downlink_bits": fedavg_downlink_bits(rnd, sim.n, frozen),
+           "upload_batches_total": float(sim.ledger.uplink_messages_total), "params_per_batch": float(sim.n),
+           "uplink_bytes_per_batch": float(4 * sim.n), "downlink_broadcast_bytes_total": float(sim.ledger.broadcast_total),
+           "frozen_params": float(facts["frozen_numel"] if scheme.init_from_source else 0),
+           "feature_dim": float(facts["features"]), "cut_layer": float(facts["cut"])}
+    return {**out, **(facts["source_info"] if rnd == 1 else {})}
+
+
 __all__ = ["D_BITS", "check_cut", "copy_extractor", "fbftl_downlink_bits", "fbftl_uplink_bits",
            "fedavg_downlink_bits", "fedavg_uplink_bits", "feature_dim", "layer_index", "linear_cut_choices",
-           "numel_of", "split_names", "upload_ratio"]
+           "numel_of", "round_metrics", "split_names", "upload_ratio"]

@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-from fedrun.compress.sketch import CountSketch
+from fedrun.compress.sketch import CountSketch, default_c_over_sigma
 from fedrun.sampling import AllSampler, UniformSampler
 from fedrun.schemes.fedavg import FedAvg
-from fedrun.schemes.sketch import FedSGD, FedSketch, FedSketchGate, default_c_over_sigma
+from fedrun.schemes.sketch import FedSGD, FedSketch, FedSketchGate
 from fedrun.schemes.sketchedsgd import ERROR, MOMENTUM, SketchedSGD
 from fedrun.simulation import ClientDP, Simulation
 from fedrun.training import ClientData, LocalSpec
