@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -39,9 +39,6 @@ from torch import nn
 
 from fedrun.config import ConfigError
 from fedrun.transfer import split
-
-if TYPE_CHECKING:
-    from fedrun.schemes.transfer import TransferScheme
 
 log = logging.getLogger("fedrun")
 
@@ -275,7 +272,7 @@ def load_or_train(spec: SourceSpec, make_model, *, data_root: str | None = None,
         return SourceModel(state, key, path, False, info)
 
 
-def prepare_model(scheme: TransferScheme, model: torch.nn.Module, name: str, dataset, data_root, device):
+def prepare_model(scheme, model: torch.nn.Module, name: str, dataset, data_root, device):
     """Paper 003's model preparation: initialise f¹ from the source model (FTL-*, FbFTL) in place, before the
     simulation is built; returns (the trainable names, or None for all; facts: cut, sizes, source info)."""
     cut = split.check_cut(model, name, scheme.cut_layer)

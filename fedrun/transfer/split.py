@@ -23,15 +23,11 @@ in-text references "(4)" and "(5)" agree with that count):
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from fedrun.config import ConfigError
-
-if TYPE_CHECKING:
-    from fedrun.schemes.transfer import TransferScheme
 
 D_BITS = 32  # d: float32
 
@@ -133,7 +129,7 @@ def upload_ratio(head_params: int, features: int) -> float:
     return int(head_params) / int(features)
 
 
-def round_metrics(scheme: TransferScheme, facts: dict, sim, rnd: int) -> dict[str, float]:
+def round_metrics(scheme, facts: dict, sim, rnd: int) -> dict[str, float]:
     """Paper 003's per-round figures for FL, FTL-full and FTL-c, cumulative: ``paper_uplink_bits`` /
     ``paper_downlink_bits`` (eqs. (2)–(4), (10), U·C the sampler's expected clients per round, I the rounds so far),
     ``upload_batches_total`` (client updates), ``params_per_batch`` (trained parameters), ``uplink_bytes_per_batch``,
