@@ -1,12 +1,13 @@
-"""MNIST and Fashion-MNIST: find the IDX files, check them, and load them through torchvision.
+"""MNIST and Fashion-MNIST: find the IDX files, check them, and read them (:func:`read_idx`).
 
-torchvision's ``MNIST``/``FashionMNIST`` read the *uncompressed* files ``ROOT/<MNIST|FashionMNIST>/raw/*-ubyte``.
-Copies often come as ``.gz`` (recompressed, so torchvision's own md5s do not match and it would try to
-download) and may sit in read-only folders. So: each candidate folder is checked for the four files, plain
-or ``.gz``; a folder already in torchvision's layout with plain files is used in place, anything else is
-unpacked once into ``cache_dir()/<MNIST|FashionMNIST>/raw/`` (a stamp file records the source files' sizes
-and mtimes so later loads skip the work). Every unpacked file is checked against the known size and md5 of
-its decompressed content; a corrupt or truncated file raises :class:`DataIntegrityError` naming it.
+The files are read uncompressed, from torchvision's layout ``ROOT/<MNIST|FashionMNIST>/raw/*-ubyte``. Copies
+often come as ``.gz`` (recompressed, so torchvision's own md5s do not match and it would try to download) and
+may sit in read-only folders. So: each candidate folder is checked for the four files, plain or ``.gz``; a
+folder already in torchvision's layout with plain files is used in place, anything else is unpacked once into
+``cache_dir()/<MNIST|FashionMNIST>/raw/`` (a stamp file records the source files' sizes and mtimes so later
+loads skip the work). Every unpacked file is checked against the known size and md5 of its decompressed
+content; a corrupt or truncated file raises :class:`DataIntegrityError` naming it. torchvision is imported only
+to download (importing it costs about a second: it loads torch._dynamo).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
-from torchvision import datasets as tvd
 
 from fedrun.data.dataset import (
     DEBIAN_FASHION_MNIST_DIR,
@@ -60,14 +62,14 @@ MD5 = {
 #: (mean, std) of the training pixels in [0, 1]; x = (pixel/255 - mean) / std.
 NORMALIZATION = {"mnist": (0.1307, 0.3081), "fashion_mnist": (0.2860, 0.3530)}
 
-_TV = {"mnist": (tvd.MNIST, "MNIST"), "fashion_mnist": (tvd.FashionMNIST, "FashionMNIST")}
+_FOLDER = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}  # torchvision's folder and class name
 _STAMP = ".fedrun-source.json"
 _CHUNK = 1 << 20
 
 
 def candidate_dirs(name: str, roots: list[Path]) -> list[Path]:
     """Folders that may hold the four files, in search order."""
-    folder = _TV[name][1]
+    folder = _FOLDER[name]
     dirs: list[Path] = []
     for r in roots:
         dirs += [r / folder / "raw", r / folder]
@@ -151,9 +153,9 @@ def _stamp(files: dict[str, Path], raw: Path) -> dict[str, list]:
 
 
 def _materialise(name: str, files: dict[str, Path], verify: bool) -> Path:
-    """Unpack ``files`` into the cache in torchvision's layout; return the root to hand to torchvision."""
+    """Unpack ``files`` into the cache in torchvision's layout; return that root."""
     root = cache_dir()
-    raw = root / _TV[name][1] / "raw"
+    raw = root / _FOLDER[name] / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     stamp_path = raw / _STAMP
     try:
@@ -170,13 +172,26 @@ def _materialise(name: str, files: dict[str, Path], verify: bool) -> Path:
 
 
 def _tv_root(name: str, d: Path, files: dict[str, Path], verify: bool) -> Path:
-    """Root for torchvision: ``d``'s grandparent if ``d`` is already ``ROOT/<Folder>/raw`` with plain files."""
-    in_layout = d.name == "raw" and d.parent.name == _TV[name][1]
+    """The root in torchvision's layout: ``d``'s grandparent if ``d`` is ``ROOT/<Folder>/raw`` with plain files."""
+    in_layout = d.name == "raw" and d.parent.name == _FOLDER[name]
     if in_layout and all(p.suffix != ".gz" for p in files.values()):
         if verify:
             _verify_plain(name, files)
         return d.parent.parent
     return _materialise(name, files, verify)
+
+
+def read_idx(path: Path, ndim: int) -> torch.Tensor:
+    """An IDX file of unsigned bytes with ``ndim`` dimensions as a uint8 tensor (the format: 2 zero bytes, the type
+    code 0x08, the number of dimensions, each dimension as a big-endian int32, then the bytes)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+        shape = struct.unpack(f">{ndim}i", f.read(4 * ndim)) if head == bytes([0, 0, 8, ndim]) else None
+        data = np.fromfile(f, dtype=np.uint8)
+    if shape is None or data.size != np.prod(shape):
+        raise DataIntegrityError(f"{path}: not an IDX file of {ndim}-dimensional unsigned bytes (header "
+                                 f"{head.hex()}, {data.size} data bytes); replace the file with a good copy")
+    return torch.from_numpy(data).view(shape)
 
 
 def _origin(d: Path) -> str:
@@ -190,7 +205,9 @@ def _origin(d: Path) -> str:
 
 def _download(name: str) -> tuple[Path | None, str]:
     """Let torchvision download into the cache; returns (root, '') or (None, reason)."""
-    cls, _ = _TV[name]
+    from torchvision import datasets
+
+    cls = getattr(datasets, _FOLDER[name])
     root = cache_dir()
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -205,7 +222,7 @@ def load_idx_dataset(
     name: str, data_root: str | os.PathLike[str] | None, download: bool | None, verify: bool = True
 ) -> Dataset:
     """Load ``name`` in {'mnist', 'fashion_mnist'} (see the module docstring for where it looks)."""
-    cls, folder = _TV[name]
+    folder = _FOLDER[name]
     dirs = candidate_dirs(name, search_roots(data_root))
     root: Path | None = None
     source = ""
@@ -237,17 +254,17 @@ def load_idx_dataset(
             how.append("or run online with download=None/True so torchvision downloads them into the cache")
             raise not_found(name, [str(d) for d in dirs], how, extra=f"Download: {reason}")
     mean, std = NORMALIZATION[name]
-    tr, te = cls(str(root), train=True, download=False), cls(str(root), train=False, download=False)
+    raw = root / folder / "raw"
 
     def norm(data: torch.Tensor) -> torch.Tensor:
         return data.to(torch.float32).div_(255.0).sub_(mean).div_(std).unsqueeze(1)
 
     return Dataset(
         name=name,
-        x_train=norm(tr.data),
-        y_train=tr.targets.to(torch.int64),
-        x_test=norm(te.data),
-        y_test=te.targets.to(torch.int64),
+        x_train=norm(read_idx(raw / "train-images-idx3-ubyte", 3)),
+        y_train=read_idx(raw / "train-labels-idx1-ubyte", 1).to(torch.int64),
+        x_test=norm(read_idx(raw / "t10k-images-idx3-ubyte", 3)),
+        y_test=read_idx(raw / "t10k-labels-idx1-ubyte", 1).to(torch.int64),
         task="classification",
         num_classes=10,
         source=source,

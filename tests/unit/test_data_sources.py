@@ -285,6 +285,25 @@ def test_plain_files_in_torchvision_layout_used_in_place(tmp_path):
     assert not (tmp_path / "cache").exists()  # nothing unpacked
 
 
+def test_idx_files_read_as_torchvision_reads_them(fashion):
+    """fedrun reads the IDX files itself (torchvision's import costs a second); same tensors as torchvision's."""
+    root = fashion.info["torchvision_root"]
+    for train, x, y in ((True, fashion.x_train, fashion.y_train), (False, fashion.x_test, fashion.y_test)):
+        tv = tvd.FashionMNIST(root, train=train)
+        assert torch.equal(x, tv.data.to(torch.float32).div_(255.0).sub_(0.2860).div_(0.3530).unsqueeze(1))
+        assert torch.equal(y, tv.targets) and y.dtype == torch.int64
+
+
+@pytest.mark.parametrize("damage", ["header", "short"])
+def test_malformed_idx_file_unchecked_is_reported_with_file_name(damage, tmp_path):
+    raw = tmp_path / "root" / "MNIST" / "raw"
+    _write_idx_set(raw, gz=False)
+    bad = raw / "t10k-images-idx3-ubyte"
+    bad.write_bytes(bytes(4) + bad.read_bytes()[4:] if damage == "header" else bad.read_bytes()[:-1])
+    with pytest.raises(DataIntegrityError, match=r"t10k-images-idx3-ubyte: not an IDX file"):
+        load_dataset("mnist", data_root=tmp_path / "root", download=False, verify=False)
+
+
 @pytest.mark.parametrize("layout", ["MNIST", "MNIST/raw-mixed"])
 def test_gz_and_mixed_layouts_are_unpacked(layout, tmp_path):
     folder = tmp_path / "root" / "MNIST" / ("raw" if layout.endswith("mixed") else "")
