@@ -1,7 +1,18 @@
 """Privacy accounting: ε of composed mechanisms, noise calibration, a per-run accountant.
 
-Thin wrapper over Google's ``dp_accounting`` (RdpAccountant, PLDAccountant), always with the
-add-or-remove-one neighbouring relation (for client-level DP: one client's whole data added or removed).
+Thin wrapper over Google's ``dp_accounting`` (RdpAccountant, PLDAccountant). The neighbouring relation follows
+from how the units (clients) of a round were sampled (``SAMPLING_ACCOUNTANTS``: which accountant can do which):
+
+* ``"poisson"`` (``PoissonGaussianEvent``): add-or-remove-one (one client's whole data added or removed); RDP or PLD.
+* ``"fixed_size"`` (``FixedSizeGaussianEvent``, k of N without replacement): replace-one (N fixed and public, one
+  client's data replaced by other data); RDP only (Wang, Balle, Kasiviswanathan 2019, Thm 27, dp_accounting's
+  ``SampledWithoutReplacementDpEvent``; its PLD accountant has no such event). One replacement moves the clipped
+  sum by up to 2S, so the Gaussian is charged with noise multiplier σ/2 (σ = noise std / S).
+* ``"capped_poisson"`` (``TruncatedPoissonGaussianEvent``, Poisson then at most a cap, the excess dropped at
+  random): add-or-remove-one; PLD only (dp_accounting's ``TruncatedSubsampledGaussianDpEvent``; its RDP
+  accountant has none: the "rdp" ε of such events is ∞, which is a valid but useless bound).
+
+Events sampled without replacement are never composed with Poisson-sampled ones (different relations).
 
 * ``"rdp"``: Rényi DP of the Poisson-subsampled Gaussian (Mironov, Talwar, Zhang 2019), converted to (ε, δ)
   with the improved bound of Balle et al. 2020 (Prop. 12) — an upper bound, cheap (ms), the moments
@@ -69,13 +80,20 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from fedrun.privacy.mechanisms import (
     EVENT_TYPES,
     Event,
+    FixedSizeGaussianEvent,
     GaussianEvent,
     LaplaceEvent,
     PoissonGaussianEvent,
+    TruncatedPoissonGaussianEvent,
 )
 
 __all__ = [
     "ACCOUNTANTS",
+    "SAMPLING_ACCOUNTANTS",
+    "UNSUPPORTED_PAIRS",
+    "NEIGHBOURING_RELATIONS",
+    "check_sampling_accountant",
+    "sampled_gaussian_event",
     "compute_epsilon",
     "calibrate_noise_multiplier",
     "PrivacyAccountant",
@@ -92,7 +110,19 @@ absl_logging.set_verbosity(absl_logging.ERROR)
 _log = logging.getLogger(__name__)
 
 ACCOUNTANTS = ("rdp", "pld")
+#: how a round's units are sampled → the accountants dp_accounting can do it with (fedrun.config refuses the rest)
+SAMPLING_ACCOUNTANTS: dict[str, tuple[str, ...]] = {
+    "poisson": ("rdp", "pld"), "fixed_size": ("rdp",), "capped_poisson": ("pld",)}
+#: the neighbouring relation each sampling's ε holds under
+NEIGHBOURING_RELATIONS = {"poisson": "add/remove-one", "fixed_size": "replace-one", "capped_poisson": "add/remove-one"}
+#: why an accountant cannot do a sampling (the pairs SAMPLING_ACCOUNTANTS leaves out)
+UNSUPPORTED_PAIRS = {
+    ("fixed_size", "pld"): "dp_accounting's PLD accountant has no event for sampling without replacement",
+    ("capped_poisson", "rdp"): "dp_accounting's RDP accountant has no bound for truncated Poisson sampling"}
+_MIXED_RELATIONS = ("events sampled without replacement (replace-one neighbours) cannot be composed with "
+                    "Poisson-sampled ones (add/remove-one neighbours)")
 _NEIGHBORS = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+_REPLACE_ONE = dp_accounting.NeighboringRelation.REPLACE_ONE
 _PLD_DISCRETIZATION = 1e-4
 _MIN_NOISE_MULTIPLIER = 1e-2
 _MAX_NOISE_MULTIPLIER = 1e6
@@ -148,6 +178,58 @@ def _check_epsilon(name: str, eps: float) -> None:
         raise ValueError(f"{name}={eps!r} is outside (0, inf)")
 
 
+def check_sampling_accountant(sampling: str, accountant: str) -> None:
+    """One-line ValueError unless ``accountant`` can account rounds sampled by ``sampling``."""
+    if sampling not in SAMPLING_ACCOUNTANTS:
+        raise ValueError(f"sampling={sampling!r} is not one of {tuple(SAMPLING_ACCOUNTANTS)}")
+    _check_accountant(accountant)
+    allowed = SAMPLING_ACCOUNTANTS[sampling]
+    if accountant not in allowed:
+        raise ValueError(f"accountant={accountant} cannot account sampling={sampling}: "
+                         f"{UNSUPPORTED_PAIRS[sampling, accountant]}; allowed: accountant={'|'.join(allowed)}")
+
+
+def _check_count(name: str, value: int | None, low: int) -> int:
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}={value!r} must be an integer >= {low}") from None
+    if v < low:
+        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+    return v
+
+
+def sampled_gaussian_event(
+    noise_multiplier: float,
+    sampling_probability: float,
+    *,
+    sampling: str = "poisson",
+    num_clients: int | None = None,
+    cohort_size: int | None = None,
+) -> Event:
+    """The event of one round of the Gaussian mechanism (σ = noise std / S) on units sampled by ``sampling``:
+
+    * ``"poisson"``: each unit with probability q (``sampling_probability``) — ``PoissonGaussianEvent``;
+    * ``"fixed_size"``: ``cohort_size`` k of ``num_clients`` N without replacement; q must be k/N —
+      ``FixedSizeGaussianEvent``;
+    * ``"capped_poisson"``: Poisson with q, at most ``cohort_size`` kept — ``TruncatedPoissonGaussianEvent``.
+    """
+    if sampling not in SAMPLING_ACCOUNTANTS:
+        raise ValueError(f"sampling={sampling!r} is not one of {tuple(SAMPLING_ACCOUNTANTS)}")
+    if sampling == "poisson":
+        return PoissonGaussianEvent(float(noise_multiplier), float(sampling_probability))
+    n = _check_count("num_clients", num_clients, 1)
+    k = _check_count("cohort_size", cohort_size, 1)
+    if sampling == "fixed_size":
+        if k > n:
+            raise ValueError(f"cohort_size={k} is outside [1, num_clients={n}]")
+        if not math.isclose(float(sampling_probability), k / n, rel_tol=1e-9):
+            raise ValueError(f"sampling_probability={sampling_probability!r} is not cohort_size/num_clients = "
+                             f"{k}/{n} (sampling=fixed_size)")
+        return FixedSizeGaussianEvent(float(noise_multiplier), n, k)
+    return TruncatedPoissonGaussianEvent(float(noise_multiplier), float(sampling_probability), n, k)
+
+
 # ------------------------------------------------------------------------------------------------ events
 def to_dp_event(event: Event) -> dp_accounting.DpEvent:
     """Translate a fedrun event into the ``dp_accounting`` event it stands for."""
@@ -160,6 +242,22 @@ def to_dp_event(event: Event) -> dp_accounting.DpEvent:
         if event.sampling_probability == 1:
             return gaussian
         return dp_accounting.PoissonSampledDpEvent(float(event.sampling_probability), gaussian)
+    if isinstance(event, FixedSizeGaussianEvent):
+        if event.sample_size == 0:
+            return dp_accounting.NoOpDpEvent()
+        if event.noise_multiplier == 0:
+            return dp_accounting.NonPrivateDpEvent()
+        # replace-one: one unit's clipped contribution (norm ≤ S) replaced by another moves the sum by ≤ 2S
+        return dp_accounting.SampledWithoutReplacementDpEvent(
+            int(event.dataset_size), int(event.sample_size), dp_accounting.GaussianDpEvent(event.noise_multiplier / 2))
+    if isinstance(event, TruncatedPoissonGaussianEvent):
+        if event.sampling_probability == 0 or event.max_sample_size == 0:
+            return dp_accounting.NoOpDpEvent()
+        if event.noise_multiplier == 0:
+            return dp_accounting.NonPrivateDpEvent()
+        return dp_accounting.TruncatedSubsampledGaussianDpEvent(
+            int(event.dataset_size), float(event.sampling_probability), int(event.max_sample_size),
+            float(event.noise_multiplier))
     if isinstance(event, GaussianEvent):
         if event.noise_multiplier == 0:
             return dp_accounting.NonPrivateDpEvent()
@@ -172,11 +270,15 @@ def to_dp_event(event: Event) -> dp_accounting.DpEvent:
     raise ValueError(f"event={event!r} is not one of {sorted(EVENT_TYPES)}")
 
 
+_COUNT_FIELDS = ("dataset_size", "sample_size", "max_sample_size")
+
+
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """JSON-able form: ``{"type": class name, **fields}``."""
+    """JSON-able form: ``{"type": class name, **fields}`` (counts as int, the rest as float)."""
     if type(event).__name__ not in EVENT_TYPES:
         raise ValueError(f"event={event!r} is not one of {sorted(EVENT_TYPES)}")
-    return {"type": type(event).__name__, **{k: float(v) for k, v in vars(event).items()}}
+    return {"type": type(event).__name__,
+            **{k: int(v) if k in _COUNT_FIELDS else float(v) for k, v in vars(event).items()}}
 
 
 def event_from_dict(d: dict[str, Any]) -> Event:
@@ -198,6 +300,20 @@ def _accounting_event(event: Event) -> dp_accounting.DpEvent:
     dp_event = to_dp_event(event)
     if isinstance(dp_event, dp_accounting.LaplaceDpEvent) and not dp_event.noise_multiplier <= 1e300:
         return dp_accounting.LaplaceDpEvent(1e300)
+    if isinstance(dp_event, dp_accounting.TruncatedSubsampledGaussianDpEvent):
+        if dp_event.noise_multiplier < _NEGLIGIBLE_NOISE_MULTIPLIER:
+            return dp_accounting.NonPrivateDpEvent()
+        q = 1.0 if dp_event.sampling_probability > _ALMOST_ONE else dp_event.sampling_probability
+        return dp_accounting.TruncatedSubsampledGaussianDpEvent(
+            dp_event.dataset_size, q, dp_event.truncated_batch_size,
+            min(dp_event.noise_multiplier, _HUGE_NOISE_MULTIPLIER))
+    if isinstance(dp_event, dp_accounting.SampledWithoutReplacementDpEvent):
+        sigma = dp_event.event.noise_multiplier
+        if sigma < _NEGLIGIBLE_NOISE_MULTIPLIER:
+            return dp_accounting.NonPrivateDpEvent()
+        return dp_accounting.SampledWithoutReplacementDpEvent(
+            dp_event.source_dataset_size, dp_event.sample_size,
+            dp_accounting.GaussianDpEvent(min(sigma, _HUGE_NOISE_MULTIPLIER)))
     sampled = isinstance(dp_event, dp_accounting.PoissonSampledDpEvent)
     inner = dp_event.event if sampled else dp_event
     if not isinstance(inner, dp_accounting.GaussianDpEvent):
@@ -243,8 +359,33 @@ def _event_kinds(counts: dict[Event, int]) -> tuple[list[tuple[dp_accounting.DpE
     return kinds, non_private
 
 
+def _event_relation(dp_event: dp_accounting.DpEvent) -> dp_accounting.NeighboringRelation | None:
+    """The neighbouring relation a sampled event's bound holds under; None for events without sampling (their
+    bound, in their own sensitivity, holds under either)."""
+    if isinstance(dp_event, dp_accounting.SampledWithoutReplacementDpEvent):
+        return _REPLACE_ONE
+    if isinstance(dp_event, (dp_accounting.PoissonSampledDpEvent, dp_accounting.TruncatedSubsampledGaussianDpEvent)):
+        return _NEIGHBORS
+    return None
+
+
+def _relation(dp_events: Sequence[dp_accounting.DpEvent]) -> dp_accounting.NeighboringRelation:
+    """The one neighbouring relation of a composition; ValueError when its sampled events need different ones."""
+    relations = {r for r in map(_event_relation, dp_events) if r is not None}
+    if len(relations) > 1:
+        raise ValueError(_MIXED_RELATIONS)
+    return relations.pop() if relations else _NEIGHBORS
+
+
+def _rdp_unsupported(dp_event: dp_accounting.DpEvent) -> bool:
+    """dp_accounting's RDP accountant has no bound for the event (its ε is then ∞)."""
+    return isinstance(dp_event, dp_accounting.TruncatedSubsampledGaussianDpEvent)
+
+
 def _rdp_epsilon(kinds: list[tuple[dp_accounting.DpEvent, int]], delta: float) -> float:
-    acc = rdp.RdpAccountant(neighboring_relation=_NEIGHBORS)
+    if any(_rdp_unsupported(e) for e, _ in kinds):
+        return math.inf
+    acc = rdp.RdpAccountant(neighboring_relation=_relation([e for e, _ in kinds]))
     for dp_event, count in kinds:
         acc.compose(dp_event, count)
     return _clean_epsilon(acc.get_epsilon(delta))
@@ -310,6 +451,10 @@ def _single_pld(
         return privacy_loss_distribution.from_gaussian_mechanism(
             dp_event.event.noise_multiplier, value_discretization_interval=interval,
             sampling_prob=dp_event.sampling_probability, neighboring_relation=_NEIGHBORS)
+    if isinstance(dp_event, dp_accounting.TruncatedSubsampledGaussianDpEvent):
+        return privacy_loss_distribution.from_truncated_subsampled_gaussian_mechanism(
+            dp_event.dataset_size, dp_event.sampling_probability, dp_event.truncated_batch_size,
+            dp_event.noise_multiplier, value_discretization_interval=interval, neighboring_relation=_NEIGHBORS)
     return privacy_loss_distribution.from_laplace_mechanism(
         dp_event.noise_multiplier, value_discretization_interval=interval)
 
@@ -324,6 +469,8 @@ def _loss_ranges(dp_event: dp_accounting.DpEvent, count: int) -> list[tuple[floa
         losses = [privacy_loss_mechanism.GaussianPrivacyLoss(
             dp_event.event.noise_multiplier, sampling_prob=dp_event.sampling_probability, adjacency_type=a)
             for a in (adjacency.REMOVE, adjacency.ADD)]
+    elif isinstance(dp_event, dp_accounting.TruncatedSubsampledGaussianDpEvent):
+        return _truncated_loss_ranges(dp_event)
     else:
         losses = [privacy_loss_mechanism.LaplacePrivacyLoss(dp_event.noise_multiplier)]
     ranges = []
@@ -333,8 +480,32 @@ def _loss_ranges(dp_event: dp_accounting.DpEvent, count: int) -> list[tuple[floa
     return ranges
 
 
+def _truncated_loss_ranges(dp_event: dp_accounting.TruncatedSubsampledGaussianDpEvent) -> list[tuple[float, float]]:
+    """Ranges (REMOVE, ADD) of dp_accounting's truncated-Poisson PLD: a mixture of the Poisson-subsampled Gaussian
+    (σ, q) and, when the cap can bind, a replace-one subsampled Gaussian (σ/2, the conditional sampling
+    probability) — the same quantities ``from_truncated_subsampled_gaussian_mechanism`` computes."""
+    from scipy import stats
+
+    adjacency = privacy_loss_mechanism.AdjacencyType
+    sigma, q = dp_event.noise_multiplier, dp_event.sampling_probability
+    n, cap = dp_event.dataset_size, dp_event.truncated_batch_size
+    ranges = []
+    for a in (adjacency.REMOVE, adjacency.ADD):
+        b = privacy_loss_mechanism.GaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=a).connect_dots_bounds()
+        ranges.append((float(b.epsilon_lower), float(b.epsilon_upper)))
+    truncation = stats.binom.sf(cap - 1, n - 1, q)
+    if truncation > 0:
+        q2 = stats.binom.sf(cap, n, q) * cap / truncation / n
+        b = privacy_loss_mechanism.GaussianPrivacyLoss(
+            sigma / 2, sampling_prob=q2, adjacency_type=adjacency.REPLACE).connect_dots_bounds()
+        lo2, hi2 = float(b.epsilon_lower), float(b.epsilon_upper)
+        ranges = [(min(lo, lo2), max(hi, hi2)) for lo, hi in ranges]
+    return ranges
+
+
 def _build_weight(dp_event: dp_accounting.DpEvent) -> float:
-    return _SUBSAMPLED_BUILD_WEIGHT if isinstance(dp_event, dp_accounting.PoissonSampledDpEvent) else 1.0
+    subsampled = (dp_accounting.PoissonSampledDpEvent, dp_accounting.TruncatedSubsampledGaussianDpEvent)
+    return _SUBSAMPLED_BUILD_WEIGHT if isinstance(dp_event, subsampled) else 1.0
 
 
 def _grid_shapes(
@@ -370,6 +541,8 @@ def _plan_pld(
     budget = _PLD_MAX_POINTS
     if not kinds:
         return PldPlan("pld", _PLD_DISCRETIZATION, 0.0)
+    if any(isinstance(e, dp_accounting.SampledWithoutReplacementDpEvent) for e, _ in kinds):
+        return PldPlan("rdp", math.nan, math.inf, UNSUPPORTED_PAIRS["fixed_size", "pld"])
     complex_kinds = sum(not isinstance(e, dp_accounting.GaussianDpEvent) for e, _ in kinds)
     if complex_kinds > _PLD_MAX_EVENT_KINDS:
         return PldPlan("rdp", math.nan, math.inf, f"{complex_kinds} distinct events > {_PLD_MAX_EVENT_KINDS}")
@@ -402,8 +575,10 @@ def _plan_pld(
         points = grid_points(_PLD_DISCRETIZATION)
         if points <= budget:
             return PldPlan("pld", _PLD_DISCRETIZATION, points)
-    eps_rdp = rdp_epsilon()
-    if not eps_rdp <= _MEANINGLESS_EPSILON:
+    # Only where RDP bounds every kind: for a capped Poisson sample its ε is ∞ for want of a bound, not because
+    # privacy is meaningless, so the PLD is coarsened instead.
+    eps_rdp = rdp_epsilon() if not any(_rdp_unsupported(e) for e, _ in kinds) else None
+    if eps_rdp is not None and not eps_rdp <= _MEANINGLESS_EPSILON:
         return PldPlan("rdp", math.nan, math.inf, f"RDP epsilon {eps_rdp:.3g} > {_MEANINGLESS_EPSILON:g}")
     interval = _PLD_DISCRETIZATION * max(1.0, single_points / budget)
     points = grid_points(interval) if interval <= _PLD_MAX_DISCRETIZATION else math.inf
@@ -472,18 +647,27 @@ def compute_epsilon(
     rounds: int,
     delta: float,
     accountant: str = "rdp",
+    *,
+    sampling: str = "poisson",
+    num_clients: int | None = None,
+    cohort_size: int | None = None,
 ) -> float:
-    """ε after ``rounds`` rounds of the Poisson-subsampled Gaussian mechanism (DP-FedAvg / DP-SGD).
+    """ε after ``rounds`` rounds of the subsampled Gaussian mechanism (DP-FedAvg / DP-SGD).
 
-    ``noise_multiplier`` σ = noise std / L2 sensitivity, ``sampling_probability`` q (1 = no subsampling),
-    add/remove-one neighbouring relation. Abadi et al. 2016 (moments accountant) / Mironov et al. 2019.
+    ``noise_multiplier`` σ = noise std / L2 sensitivity (the clip S of one unit), ``sampling_probability`` q
+    (1 = no subsampling). ``sampling`` (see :func:`sampled_gaussian_event`): ``"poisson"`` (default; add/remove-one
+    neighbours; Abadi et al. 2016 moments accountant / Mironov et al. 2019, or PLD), ``"fixed_size"``
+    (``cohort_size`` k of ``num_clients`` N without replacement, q = k/N; replace-one neighbours, RDP only),
+    ``"capped_poisson"`` (Poisson with q, at most ``cohort_size`` kept; add/remove-one, PLD only). A pair the
+    accountants cannot do is a one-line ValueError.
     """
     _check_noise_multiplier(noise_multiplier)
     _check_sampling_probability(sampling_probability)
     rounds = _check_rounds(rounds)
     _check_delta(delta)
-    _check_accountant(accountant)
-    event = PoissonGaussianEvent(float(noise_multiplier), float(sampling_probability))
+    check_sampling_accountant(sampling, accountant)
+    event = sampled_gaussian_event(noise_multiplier, sampling_probability, sampling=sampling,
+                                   num_clients=num_clients, cohort_size=cohort_size)
     return _epsilon_of_counts({event: rounds}, delta, accountant)[0]
 
 
@@ -539,32 +723,43 @@ def calibrate_noise_multiplier(
     rounds: int,
     delta: float,
     accountant: str = "rdp",
+    *,
+    sampling: str = "poisson",
+    num_clients: int | None = None,
+    cohort_size: int | None = None,
 ) -> float:
-    """Smallest σ (bisection) with ``compute_epsilon(σ, q, rounds, δ) ≤ target_epsilon``.
+    """Smallest σ (bisection) with ``compute_epsilon(σ, q, rounds, δ, …) ≤ target_epsilon``, for any sampling
+    :func:`compute_epsilon` takes.
 
     The returned σ gives ε within 1 % below the target (unless ε(σ) jumps to 0 there: a target so small
     that only (0, δ)-DP meets it). Paper 000 calibrates σ so that ε ≤ 1 after T_cl rounds.
-    ValueError when no σ in [1e-2, 1e6] reaches the target. Cost: RDP ~0.1–1 s, PLD ~1–10 s.
+    ValueError when no σ in [1e-2, 1e6] reaches the target. Cost: RDP ~0.1–1 s (fixed-size ~1–4 s), PLD ~1–10 s.
     """
     _check_epsilon("target_epsilon", target_epsilon)
     _check_sampling_probability(sampling_probability)
     rounds = _check_rounds(rounds)
     _check_delta(delta)
-    _check_accountant(accountant)
+    check_sampling_accountant(sampling, accountant)
+    sampled_gaussian_event(1.0, sampling_probability, sampling=sampling, num_clients=num_clients,
+                           cohort_size=cohort_size)  # validates the cohort before any search
 
-    def solve(name: str, guess: float) -> float:
+    def solve(name: str, guess: float, how: str) -> float:
         describe = f"sampling_probability={sampling_probability}, rounds={rounds}, delta={delta}, accountant={name!r}"
-        eps_of = lambda s: compute_epsilon(s, sampling_probability, rounds, delta, name)  # noqa: E731
+        if how != "poisson":
+            describe += f", sampling={how!r}, num_clients={num_clients}, cohort_size={cohort_size}"
+        eps_of = lambda s: compute_epsilon(s, sampling_probability, rounds, delta, name, sampling=how,  # noqa: E731
+                                           num_clients=num_clients, cohort_size=cohort_size)
         return _smallest_feasible(eps_of, target_epsilon, guess, describe)
 
     if accountant == "rdp":
-        return solve("rdp", 1.0)
-    # PLD is usually tighter than RDP, so the cheap RDP answer is a good (feasible) first guess.
+        return solve("rdp", 1.0, sampling)
+    # PLD is usually tighter than RDP, so the cheap RDP answer is a good first guess; for a capped Poisson sample
+    # (no RDP bound) the Poisson one at the same q, whose ε is no larger (the search then goes up from it).
     try:
-        guess = solve("rdp", 1.0)
+        guess = solve("rdp", 1.0, "poisson" if sampling == "capped_poisson" else sampling)
     except ValueError:
         guess = 1.0
-    return solve("pld", guess)
+    return solve("pld", guess, sampling)
 
 
 def laplace_basic_composition(epsilons: Sequence[float]) -> float:
@@ -614,6 +809,7 @@ class PrivacyAccountant:
         self._orders = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
         self._rdp_curve = np.zeros_like(self._orders)
         self._pld_cache: tuple[int, float, PldPlan | None] | None = None
+        self._relation: dp_accounting.NeighboringRelation | None = None
 
     @property
     def events(self) -> tuple[Event, ...]:
@@ -629,14 +825,23 @@ class PrivacyAccountant:
         return self._pld_cache[2].as_dict()
 
     def record(self, event: Event) -> None:
-        """Compose one more event (one round)."""
+        """Compose one more event (one round). Events sampled without replacement (replace-one) and
+        Poisson-sampled ones (add/remove-one) cannot be mixed: ValueError. An event RDP has no bound for (a
+        capped Poisson sample) makes the running RDP ε ∞."""
         dp_event = _accounting_event(event)  # validates the type
+        relation = _event_relation(dp_event)
+        if relation is not None and self._relation is not None and relation != self._relation:
+            raise ValueError(_MIXED_RELATIONS)
         if event not in self._rdp_cache:
-            acc = rdp.RdpAccountant(orders=self._orders, neighboring_relation=_NEIGHBORS)
-            acc.compose(dp_event)
-            self._rdp_cache[event] = acc.rdp
+            if _rdp_unsupported(dp_event):
+                self._rdp_cache[event] = np.full_like(self._orders, np.inf)
+            else:
+                acc = rdp.RdpAccountant(orders=self._orders, neighboring_relation=relation or _NEIGHBORS)
+                acc.compose(dp_event)
+                self._rdp_cache[event] = acc.rdp
         self._rdp_curve = self._rdp_curve + self._rdp_cache[event]
         self._events.append(event)
+        self._relation = relation or self._relation
 
     def epsilon(self, accountant: str = "rdp") -> float:
         """ε at ``self.delta`` of everything recorded so far (0.0 before any event)."""
@@ -682,5 +887,6 @@ class PrivacyAccountant:
         self._events = []
         self._rdp_curve = np.zeros_like(self._orders)
         self._pld_cache = None
+        self._relation = None
         for e in events:
             self.record(e)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -24,6 +25,8 @@ __all__ = [
     "gaussian_noise",
     "laplace_noise",
     "PoissonGaussianEvent",
+    "FixedSizeGaussianEvent",
+    "TruncatedPoissonGaussianEvent",
     "GaussianEvent",
     "LaplaceEvent",
     "Event",
@@ -136,6 +139,58 @@ class PoissonGaussianEvent:
             raise ValueError(f"sampling_probability={q!r} is outside [0, 1]")
 
 
+def _check_count(name: str, value: int, low: int, high: int | None = None) -> None:
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}={value!r} must be an integer") from None
+    if v < low or (high is not None and v > high):
+        raise ValueError(f"{name}={value!r} is outside [{low}, {high if high is not None else 'inf'}]")
+
+
+@dataclass(frozen=True)
+class FixedSizeGaussianEvent:
+    """One round of the Gaussian mechanism on a fixed-size sample: ``sample_size`` k of ``dataset_size`` N units,
+    drawn uniformly without replacement (a fixed-size cohort of k clients out of N).
+
+    ``noise_multiplier`` σ = noise std / S, where S bounds each unit's contribution (the clip), as for
+    :class:`PoissonGaussianEvent`. Its neighbouring relation is **replace-one** (N is fixed and public; one unit's
+    data is replaced by other data), the only one for which an amplification bound of sampling without replacement
+    exists in dp_accounting (Wang, Balle, Kasiviswanathan 2019, Thm 27). Replacing one unit changes the sum by up
+    to 2S, so the accountant charges the Gaussian with σ/2 per unit of that sensitivity.
+    """
+
+    noise_multiplier: float
+    dataset_size: int
+    sample_size: int
+
+    def __post_init__(self) -> None:
+        _check_nonnegative_finite("noise_multiplier", self.noise_multiplier)
+        _check_count("dataset_size", self.dataset_size, 1)
+        _check_count("sample_size", self.sample_size, 0, operator.index(self.dataset_size))
+
+
+@dataclass(frozen=True)
+class TruncatedPoissonGaussianEvent:
+    """One round of the Gaussian mechanism on a capped Poisson sample: each of ``dataset_size`` N units kept with
+    probability q, then, when more than ``max_sample_size`` were kept, a uniformly random subset of that many
+    (dp_accounting's ``TruncatedSubsampledGaussianDpEvent``, arXiv:2508.15089). Add/remove-one neighbours, as
+    for :class:`PoissonGaussianEvent`; ``noise_multiplier`` σ = noise std / S (S the clip of each unit)."""
+
+    noise_multiplier: float
+    sampling_probability: float
+    dataset_size: int
+    max_sample_size: int
+
+    def __post_init__(self) -> None:
+        _check_nonnegative_finite("noise_multiplier", self.noise_multiplier)
+        q = self.sampling_probability
+        if not (isinstance(q, numbers.Real) and 0 <= q <= 1):
+            raise ValueError(f"sampling_probability={q!r} is outside [0, 1]")
+        _check_count("dataset_size", self.dataset_size, 1)
+        _check_count("max_sample_size", self.max_sample_size, 0)
+
+
 @dataclass(frozen=True)
 class GaussianEvent:
     """One Gaussian-mechanism release without subsampling; ``noise_multiplier`` = std / L2 sensitivity."""
@@ -158,5 +213,6 @@ class LaplaceEvent:
             raise ValueError(f"epsilon={e!r} is outside (0, inf]")
 
 
-Event = PoissonGaussianEvent | GaussianEvent | LaplaceEvent
-EVENT_TYPES: dict[str, Any] = {cls.__name__: cls for cls in (PoissonGaussianEvent, GaussianEvent, LaplaceEvent)}
+Event = PoissonGaussianEvent | FixedSizeGaussianEvent | TruncatedPoissonGaussianEvent | GaussianEvent | LaplaceEvent
+EVENT_TYPES: dict[str, Any] = {cls.__name__: cls for cls in (PoissonGaussianEvent, FixedSizeGaussianEvent,
+                                                             TruncatedPoissonGaussianEvent, GaussianEvent, LaplaceEvent)}

@@ -32,7 +32,13 @@ from fedrun.privacy.accounting import (
     gaussian_composition_epsilon,
     laplace_basic_composition,
 )
-from fedrun.privacy.mechanisms import GaussianEvent, LaplaceEvent, PoissonGaussianEvent
+from fedrun.privacy.mechanisms import (
+    FixedSizeGaussianEvent,
+    GaussianEvent,
+    LaplaceEvent,
+    PoissonGaussianEvent,
+    TruncatedPoissonGaussianEvent,
+)
 
 
 # ------------------------------------------------------------------------------------------- references
@@ -316,3 +322,153 @@ def test_accountant_validation():
         acc.record("gaussian")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="accountant='prv'"):
         acc.epsilon("prv")
+
+
+# ------------------------------------------------------------------------------- how the cohort was sampled
+# The fixed-size reference is dp_accounting's own RDP accountant, called here directly: replace-one neighbours, the
+# event SampledWithoutReplacementDpEvent(N, k, Gaussian(σ/2)) — σ = noise std / S, and replacing one client's
+# clipped vector (norm ≤ S) by another moves the sum by up to 2S, so the Gaussian has σ/2 per unit of sensitivity.
+def dp_accounting_fixed_size_epsilon(sigma: float, n: int, k: int, rounds: int, delta: float) -> float:
+    import dp_accounting
+    from dp_accounting import rdp
+
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(n, k, dp_accounting.GaussianDpEvent(sigma / 2)), rounds)
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("sigma,n,k,rounds,delta", [
+    (1.0, 3400, 100, 1500, 1e-4),  # the issue's setting
+    (2.0, 3400, 100, 1500, 1e-4),
+    (1.3, 40, 4, 3, 1e-5),
+    (0.8, 100, 100, 10, 1e-5),  # k = N: no sampling
+    (5.0, 6000, 60, 200, 1e-6),
+])
+def test_fixed_size_epsilon_is_dp_accountings_rdp_of_the_same_event(sigma, n, k, rounds, delta):
+    """compute_epsilon and the per-round PrivacyAccountant equal dp_accounting's own RDP result to 1e-9.
+    Fails if the fixed-size event is accounted as Poisson, under add/remove, or with sensitivity S instead of 2S."""
+    reference = dp_accounting_fixed_size_epsilon(sigma, n, k, rounds, delta)
+    eps = compute_epsilon(sigma, k / n, rounds, delta, "rdp", sampling="fixed_size", num_clients=n, cohort_size=k)
+    assert eps == pytest.approx(reference, rel=1e-9, abs=1e-12)
+    acc = PrivacyAccountant(delta)
+    for _ in range(rounds):
+        acc.record(FixedSizeGaussianEvent(sigma, n, k))
+    assert acc.epsilon("rdp") == pytest.approx(reference, rel=1e-9, abs=1e-12)
+    # PLD has no such event: the "pld" answer is the RDP bound, and says so
+    assert acc.epsilon("pld") == acc.epsilon("rdp") and acc.pld_info["method"] == "rdp"
+    assert "sampling without replacement" in acc.pld_info["reason"]
+
+
+def test_a_full_fixed_size_cohort_is_the_gaussian_with_sensitivity_2s():
+    """k = N: no sampling left, and replace-one moves the sum by up to 2S: the RDP of N(0, σ²S²) at shift 2S,
+    α·(2S)²/(2σ²S²) = α/(2(σ/2)²) — the same as one Gaussian release with noise multiplier σ/2 (independent route:
+    the add/remove accountant at q = 1, which is the plain Gaussian)."""
+    for sigma in (0.7, 1.0, 3.0):
+        full = compute_epsilon(sigma, 1.0, 5, 1e-5, sampling="fixed_size", num_clients=50, cohort_size=50)
+        assert full == pytest.approx(compute_epsilon(sigma / 2, 1.0, 5, 1e-5), rel=1e-9)
+
+
+def test_the_issues_price_table_fast_part():
+    """N = 3400, k = 100 (q = 100/3400), 1500 rounds, δ = 1e-4. The issue's 14.86 is dp_accounting's fixed-size
+    figure at noise multiplier 1 per unit of replace-one sensitivity, i.e. fedrun's σ = 2 (std 2S); at fedrun's
+    σ = 1 (std S, sensitivity 2S) the fixed-size bound is 143.2, against 7.19 (RDP) for Poisson."""
+    n, k, t, d = 3400, 100, 1500, 1e-4
+    fixed = dict(sampling="fixed_size", num_clients=n, cohort_size=k)
+    assert compute_epsilon(2.0, k / n, t, d, **fixed) == pytest.approx(14.858, abs=5e-4)
+    assert compute_epsilon(1.0, k / n, t, d, **fixed) == pytest.approx(143.216, abs=5e-4)
+    assert compute_epsilon(1.0, k / n, t, d, "rdp") == pytest.approx(7.190, abs=5e-4)
+
+
+@pytest.mark.slow
+def test_the_issues_price_table_pld_part():
+    """The PLD figures of the issue (dp-accounting 0.6.0; ~1 s each on the 2-core machine): Poisson 6.47;
+    Poisson capped at the expected cohort of 100, 30.9; capped at 150, 6.47 (the cap almost never binds)."""
+    n, k, t, d = 3400, 100, 1500, 1e-4
+    assert compute_epsilon(1.0, k / n, t, d, "pld") == pytest.approx(6.471, abs=1e-3)
+    capped = dict(sampling="capped_poisson", num_clients=n)
+    assert compute_epsilon(1.0, k / n, t, d, "pld", cohort_size=100, **capped) == pytest.approx(30.93, abs=1e-2)
+    assert compute_epsilon(1.0, k / n, t, d, "pld", cohort_size=150, **capped) == pytest.approx(6.472, abs=1e-3)
+
+
+def test_capped_poisson_is_dp_accountings_truncated_poisson_pld():
+    """The capped Poisson ε is dp_accounting's PLD of TruncatedSubsampledGaussianDpEvent (add/remove-one), called
+    here directly at the discretization the grid budget chose (a little coarser than 1e-4 here: a pessimistic PLD
+    is an upper bound at any discretization); a cap that cannot bind (≥ N) gives the Poisson ε; RDP has no bound
+    for it (∞)."""
+    import dp_accounting
+    from dp_accounting import pld
+
+    n, q, cap, sigma, rounds, delta = 200, 0.1, 15, 2.0, 20, 1e-5
+    acc = PrivacyAccountant(delta)
+    for _ in range(rounds):
+        acc.record(TruncatedPoissonGaussianEvent(sigma, q, n, cap))
+    eps = acc.epsilon("pld")
+    reference = pld.PLDAccountant(value_discretization_interval=acc.pld_info["discretization"])
+    reference.compose(dp_accounting.TruncatedSubsampledGaussianDpEvent(n, q, cap, sigma), rounds)
+    assert eps == pytest.approx(reference.get_epsilon(delta), rel=1e-9)
+    assert acc.epsilon("rdp") == math.inf
+    capped = dict(sampling="capped_poisson", num_clients=n)
+    assert compute_epsilon(sigma, q, rounds, delta, "pld", cohort_size=cap, **capped) == eps
+    poisson = compute_epsilon(sigma, q, rounds, delta, "pld")
+    assert eps > poisson
+    assert compute_epsilon(sigma, q, rounds, delta, "pld", cohort_size=n, **capped) == pytest.approx(poisson, rel=1e-9)
+
+
+@pytest.mark.parametrize("sampling,accountant,target,q,rounds,n,k", [
+    ("fixed_size", "rdp", 1.0, 0.1, 50, 200, 20),
+    ("fixed_size", "rdp", 4.0, 100 / 3400, 1500, 3400, 100),
+    ("capped_poisson", "pld", 1.0, 0.1, 20, 200, 15),
+])
+def test_calibration_round_trip_for_each_sampling(sampling, accountant, target, q, rounds, n, k):
+    cohort = dict(sampling=sampling, num_clients=n, cohort_size=k)
+    sigma = calibrate_noise_multiplier(target, q, rounds, 1e-5, accountant, **cohort)
+    assert 0.99 * target <= compute_epsilon(sigma, q, rounds, 1e-5, accountant, **cohort) <= target
+    assert compute_epsilon(sigma * 0.99, q, rounds, 1e-5, accountant, **cohort) > target * 0.99
+    # the same target needs more noise than with Poisson sampling at the same q
+    assert sigma > calibrate_noise_multiplier(target, q, rounds, 1e-5, accountant)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(sampling="fixed_size", accountant="pld"),
+     "^accountant=pld cannot account sampling=fixed_size: dp_accounting's PLD accountant has no event for sampling "
+     "without replacement; allowed: accountant=rdp$"),
+    (dict(sampling="capped_poisson", accountant="rdp"),
+     "^accountant=rdp cannot account sampling=capped_poisson: .* allowed: accountant=pld$"),
+    (dict(sampling="shuffled"), "sampling='shuffled' is not one of"),
+    (dict(sampling="fixed_size", cohort_size=None), "cohort_size=None must be an integer"),
+    (dict(sampling="fixed_size", cohort_size=30), r"cohort_size=30 is outside \[1, num_clients=20\]"),
+    (dict(sampling="fixed_size", sampling_probability=0.5), "is not cohort_size/num_clients = 4/20"),
+    (dict(sampling="capped_poisson", accountant="pld", num_clients=0), "num_clients=0 must be an integer"),
+])
+def test_unsupported_samplings_are_one_line_refusals(kwargs, match):
+    args = dict(noise_multiplier=1.0, sampling_probability=0.2, rounds=10, delta=1e-5, accountant="rdp",
+                num_clients=20, cohort_size=4)
+    args.update(kwargs)
+    for call in (compute_epsilon, calibrate_noise_multiplier):
+        a = dict(args)
+        if call is calibrate_noise_multiplier:
+            a["target_epsilon"] = a.pop("noise_multiplier")
+        with pytest.raises(ValueError, match=match) as err:
+            call(**a)
+        assert "\n" not in str(err.value)
+
+
+def test_accountant_refuses_mixed_neighbouring_relations_and_keeps_new_events_in_its_state():
+    acc = PrivacyAccountant(1e-5)
+    acc.record(FixedSizeGaussianEvent(1.0, 40, 4))
+    with pytest.raises(ValueError, match="cannot be composed with Poisson-sampled ones"):
+        acc.record(PoissonGaussianEvent(1.0, 0.1))
+    with pytest.raises(ValueError, match="cannot be composed"):
+        acc.record(TruncatedPoissonGaussianEvent(1.0, 0.1, 40, 4))
+    acc.record(FixedSizeGaussianEvent(2.0, 40, 4))
+    state = json.loads(json.dumps(acc.state_dict()))
+    assert state["events"][0] == {"type": "FixedSizeGaussianEvent", "noise_multiplier": 1.0, "dataset_size": 40,
+                                  "sample_size": 4}
+    resumed = PrivacyAccountant(1e-5)
+    resumed.load_state_dict(state)
+    assert resumed.events == acc.events and resumed.epsilon() == acc.epsilon()
+    capped = PrivacyAccountant(1e-5)
+    capped.record(TruncatedPoissonGaussianEvent(1.0, 0.1, 40, 4))
+    again = PrivacyAccountant(1e-5)
+    again.load_state_dict(json.loads(json.dumps(capped.state_dict())))
+    assert again.events == capped.events
