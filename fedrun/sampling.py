@@ -1,8 +1,11 @@
 """Client selection per round (pure; randomness from the (seed, round) stream).
 
-* :class:`PoissonSampler` — each client independently with probability C (what the DP accountant
-  assumes for client-level DP);
-* :class:`UniformSampler` — a fixed number of distinct clients uniformly at random;
+* :class:`PoissonSampler` — each client independently with probability C (client-level DP: add/remove-one
+  neighbours, RDP or PLD);
+* :class:`CappedPoissonSampler` — Poisson with probability C, then at most a cap: when more clients were drawn,
+  a uniformly random subset of cap of them (client-level DP: add/remove-one, PLD of the truncated Poisson sample);
+* :class:`UniformSampler` — a fixed number k of distinct clients uniformly at random, i.e. k of N without
+  replacement (client-level DP: replace-one neighbours, RDP);
 * :class:`RoundRobinSampler` — b clients per round in a fixed cyclic order (paper 001);
 * :class:`AllSampler` — every client every round (FedSKETCHGATE's full participation).
 """
@@ -22,6 +25,10 @@ class Sampler:
 
     #: probability that a given client takes part in a round, when the selection is Poisson (else None)
     poisson_probability: float | None = None
+
+    #: how client-level DP accounts this sampler's rounds (``fedrun.privacy.accounting.SAMPLING_ACCOUNTANTS``):
+    #: "poisson", "fixed_size", "capped_poisson"; None where no accountant applies (client-level DP refused)
+    dp_sampling: str | None = None
 
     def __init__(self, num_clients: int) -> None:
         if int(num_clients) < 1:
@@ -43,6 +50,7 @@ class Sampler:
 
 class PoissonSampler(Sampler):
     name = "poisson"
+    dp_sampling = "poisson"
 
     def __init__(self, num_clients: int, probability: float) -> None:
         super().__init__(num_clients)
@@ -60,8 +68,42 @@ class PoissonSampler(Sampler):
         return self.probability * self.num_clients
 
 
+class CappedPoissonSampler(Sampler):
+    """Poisson with probability C (the same draws as :class:`PoissonSampler` with the same seed), then, when more
+    than ``max_clients`` were drawn, a uniformly random subset of ``max_clients`` of them (the rest are dropped)."""
+
+    name = "poisson_capped"
+    dp_sampling = "capped_poisson"
+
+    def __init__(self, num_clients: int, probability: float, max_clients: int) -> None:
+        super().__init__(num_clients)
+        if not 0 < float(probability) <= 1:
+            raise ValueError(f"sampling probability C={probability} is outside (0, 1]")
+        if isinstance(max_clients, bool) or int(max_clients) != max_clients or int(max_clients) < 1:
+            raise ValueError(f"max_clients={max_clients} must be an integer >= 1")
+        self.probability = float(probability)
+        self.max_clients = int(max_clients)
+
+    def select(self, rnd: int, seed: int) -> np.ndarray:
+        draws = numpy_rng(seed, "sampler", rnd).random(self.num_clients)
+        chosen = np.flatnonzero(draws < self.probability)
+        if len(chosen) <= self.max_clients:
+            return chosen
+        return np.sort(numpy_rng(seed, "sampler_cap", rnd).choice(chosen, self.max_clients, replace=False))
+
+    @property
+    def expected_clients(self) -> float:
+        """E[min(Binomial(N, C), cap)] = Σ_{j<cap} P(Binomial(N, C) > j): each client takes part with probability
+        this / N, so a sum divided by it is unbiased."""
+        from scipy.stats import binom
+
+        cap = min(self.max_clients, self.num_clients)
+        return float(binom.sf(np.arange(cap), self.num_clients, self.probability).sum())
+
+
 class UniformSampler(Sampler):
     name = "uniform"
+    dp_sampling = "fixed_size"
 
     def __init__(self, num_clients: int, clients_per_round: int) -> None:
         super().__init__(num_clients)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fedrun.sampling import AllSampler, PoissonSampler, RoundRobinSampler, UniformSampler
+from fedrun.sampling import AllSampler, CappedPoissonSampler, PoissonSampler, RoundRobinSampler, UniformSampler
 
 
 def test_poisson_rate_and_independence_of_rounds():
@@ -43,3 +43,35 @@ def test_all_and_validation():
         UniformSampler(10, 11)
     with pytest.raises(ValueError, match="num_clients=0"):
         AllSampler(0)
+
+
+def test_capped_poisson_is_poisson_with_the_excess_dropped_at_random():
+    n, q = 200, 0.1
+    poisson, capped, loose = PoissonSampler(n, q), CappedPoissonSampler(n, q, 15), CappedPoissonSampler(n, q, n)
+    sizes, hits = [], np.zeros(n)
+    for t in range(1, 2001):
+        drawn, kept = poisson.select(t, 4), capped.select(t, 4)
+        assert np.array_equal(loose.select(t, 4), drawn)  # a cap that cannot bind: exactly the Poisson draws
+        assert len(kept) == min(len(drawn), 15) and set(kept) <= set(drawn) and np.array_equal(kept, np.sort(kept))
+        sizes.append(len(kept))
+        hits[kept] += 1
+    assert max(sizes) == 15 and np.array_equal(capped.select(9, 4), capped.select(9, 4))
+    # E[min(Binomial(200, 0.1), 15)] (exact, scipy) against 2000 rounds: sd of the mean ≈ 3.2/√2000 ≈ 0.07
+    from scipy.stats import binom
+
+    exact = sum(min(j, 15) * binom.pmf(j, n, q) for j in range(n + 1))
+    assert capped.expected_clients == pytest.approx(exact, rel=1e-12)
+    assert abs(np.mean(sizes) - exact) < 0.3
+    # every client is kept with the same probability, expected_clients / N: the DP sum ÷ it is unbiased
+    p = exact / n  # each client's frequency over 2000 rounds: sd √(p(1−p)/2000) ≈ 0.006; 200 clients within 5 sd
+    assert np.abs(hits / 2000 - p).max() < 5 * np.sqrt(p * (1 - p) / 2000)
+    assert loose.expected_clients == pytest.approx(n * q, rel=1e-9)
+    with pytest.raises(ValueError, match="max_clients=0"):
+        CappedPoissonSampler(10, 0.5, 0)
+
+
+def test_each_sampler_says_how_client_level_dp_accounts_it():
+    assert PoissonSampler(10, 0.5).dp_sampling == "poisson"
+    assert UniformSampler(10, 3).dp_sampling == "fixed_size"
+    assert CappedPoissonSampler(10, 0.5, 3).dp_sampling == "capped_poisson"
+    assert RoundRobinSampler(10, 3).dp_sampling is None and AllSampler(10).dp_sampling is None
