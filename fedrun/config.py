@@ -160,6 +160,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise ConfigError("dp=true needs a budget: give epsilon=... (σ is calibrated) or noise_multiplier=...")
     if mode == "client" and cfg.get("clipping_norm") is None:
         raise ConfigError("dp=true needs clipping_norm=S (the L2 clip of each client's transmitted vector)")
+    if mode == "client":
+        check_dp_sampler(cfg)
     part = cfg.get("partition", {}).get("name")
     if part not in PARTITIONS + ("auto",):
         raise ConfigError(f"partition={part!r} is unknown; allowed: {', '.join(PARTITIONS)}")
@@ -183,6 +185,41 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(f"partition.copies={copies} with dp={cfg.get('dp')}: one person's data would be in "
                           f"{copies} clients, so the per-client ε would understate the per-person ε; allowed "
                           f"with DP: partition.copies=1")
+
+
+def _sampler_class(cfg: Mapping[str, Any]) -> type | None:
+    """The sampler's class from its ``_target_`` (None when it cannot be imported: instantiation reports that)."""
+    import importlib
+
+    module, _, name = str((cfg.get("sampler") or {}).get("_target_", "")).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def check_dp_sampler(cfg: Mapping[str, Any]) -> None:
+    """Client-level DP needs an accountant for how the cohort is drawn (the sampler class's ``dp_sampling``), and
+    the configured accountant must be one that can do it (``SAMPLING_ACCOUNTANTS``); the audit's canaries take
+    part like Poisson-sampled clients. Refused in one line, before any data is loaded."""
+    cls = _sampler_class(cfg)
+    if cls is None:
+        return
+    from fedrun.privacy.accounting import SAMPLING_ACCOUNTANTS, UNSUPPORTED_PAIRS
+
+    name, sampling = getattr(cls, "name", cls.__name__), getattr(cls, "dp_sampling", None)
+    if sampling not in SAMPLING_ACCOUNTANTS:
+        raise ConfigError(f"dp=true needs sampler=poisson, uniform or poisson_capped (the cohorts an accountant "
+                          f"knows); got sampler={name}")
+    accountant, allowed = cfg.get("accountant"), SAMPLING_ACCOUNTANTS[sampling]
+    if accountant not in allowed:
+        raise ConfigError(f"accountant={accountant} is not available with sampler={name} ({sampling} cohorts): "
+                          f"{UNSUPPORTED_PAIRS[sampling, accountant]}; allowed: accountant={'|'.join(allowed)}")
+    canaries = (cfg.get("audit") or {}).get("canaries", 0)
+    if canaries and sampling != "poisson":
+        raise ConfigError(f"audit.canaries={canaries} needs sampler=poisson (each canary takes part with probability "
+                          f"C, like a Poisson-sampled client); got sampler={name}; allowed: sampler=poisson or "
+                          f"audit.canaries=0")
 
 
 def check_partition(dataset: "DatasetConfig", partition: str) -> None:
@@ -253,12 +290,13 @@ def resolve_defaults(c: dict[str, Any], scheme_cls: type, model_table: Mapping[s
     mode = dp_mode(c.get("dp"))
     r = float(c.get("r") or 1.0)
     tuned = tuned_clipping_norm(model_table.get("clipping_norm"), scheme, r)
-    poisson = str(c.get("sampler", {}).get("_target_", "")).endswith("PoissonSampler")
+    poisson = str(c.get("sampler", {}).get("_target_", "")).rsplit(".", 1)[-1] == "PoissonSampler"
     if mode == "auto":
         if "client" not in modes:
             reason = f"scheme={scheme} takes {_modes_text(modes)}"
         elif not poisson:
-            reason = "client-level DP's accountant needs sampler=poisson"
+            reason = ("dp=auto turns client-level DP on with sampler=poisson only (give dp=true for sampler=uniform "
+                      "or poisson_capped)")
         elif c.get("clipping_norm") is None and tuned is None:
             reason = (f"model={model} has no clipping norm S tuned for scheme={scheme} at r={r:g} "
                       f"(conf/model/{model}.yaml); give clipping_norm=S dp=true for client-level DP")

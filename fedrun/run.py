@@ -111,21 +111,37 @@ def make_model(name: str, dataset) -> tuple[torch.nn.Module, str]:
 
 
 def make_client_dp(cfg: RunConfig, sampler) -> ClientDP:
-    from fedrun.privacy.accounting import calibrate_noise_multiplier, compute_epsilon
+    """Client-level DP for the sampler's cohorts: Poisson (add/remove-one, RDP or PLD), fixed-size k of N without
+    replacement (``sampler=uniform``: replace-one, RDP; the sum divided by k) or Poisson capped at a cohort size
+    (``sampler=poisson_capped``: add/remove-one, PLD). σ calibrated to ``epsilon`` or given; logs the ε report."""
+    from fedrun.privacy.accounting import calibrate_noise_multiplier, check_sampling_accountant, compute_epsilon
 
-    q = sampler.poisson_probability
-    if q is None:
-        raise ConfigError(f"dp=true needs sampler=poisson: the accountant assumes Poisson sampling with "
-                          f"probability C; got sampler={sampler.name}")
+    sampling, n = sampler.dp_sampling, sampler.num_clients
+    if sampling is None:
+        raise ConfigError(f"dp=true needs sampler=poisson, uniform or poisson_capped (the cohorts an accountant "
+                          f"knows); got sampler={sampler.name}")
+    if sampling == "poisson":
+        q = sampler.poisson_probability
+        cohort: dict[str, Any] = {}
+        denominator = q * n
+    elif sampling == "fixed_size":
+        q = sampler.k / n
+        cohort = {"sampling": sampling, "num_clients": n, "cohort_size": sampler.k}
+        denominator = float(sampler.k)
+    else:
+        q = sampler.probability
+        cohort = {"sampling": sampling, "num_clients": n, "cohort_size": sampler.max_clients}
+        denominator = sampler.expected_clients  # E[min(Binomial(N, q), cap)]: the sum ÷ it is unbiased
     delta, acct, rounds = float(cfg.delta), cfg.accountant, cfg.rounds
     eps, sigma = cfg.epsilon, cfg.noise_multiplier
     try:
+        check_sampling_accountant(sampling, acct)
         if eps is not None and math.isinf(float(eps)):
             raise ConfigError("dp=true with epsilon=inf adds no noise; use dp=false for the non-private run")
         if sigma is None:
-            sigma = calibrate_noise_multiplier(float(eps), q, rounds, delta, acct)
+            sigma = calibrate_noise_multiplier(float(eps), q, rounds, delta, acct, **cohort)
         elif eps is not None:
-            reached = compute_epsilon(float(sigma), q, rounds, delta, acct)
+            reached = compute_epsilon(float(sigma), q, rounds, delta, acct, **cohort)
             if reached > float(eps) * (1 + 1e-9):
                 raise ConfigError(f"noise_multiplier={sigma} and epsilon={eps} disagree: σ={sigma} gives "
                                   f"ε={reached:.4g} after {rounds} rounds (q={q}, δ={delta}); give only one")
@@ -133,9 +149,36 @@ def make_client_dp(cfg: RunConfig, sampler) -> ClientDP:
         raise
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return ClientDP(clipping_norm=float(cfg.clipping_norm), noise_multiplier=float(sigma),
-                    sampling_probability=float(q), expected_clients=q * sampler.num_clients, delta=delta,
-                    accountant=str(acct))
+    dp = ClientDP(clipping_norm=float(cfg.clipping_norm), noise_multiplier=float(sigma),
+                  sampling_probability=float(q), expected_clients=denominator, delta=delta,
+                  accountant=str(acct), sampling=sampling, num_clients=n if cohort else None,
+                  cohort_size=cohort.get("cohort_size"))
+    if float(sigma) > 0:
+        log.info(epsilon_report(dp, rounds))
+    return dp
+
+
+def epsilon_report(dp: ClientDP, rounds: int) -> str:
+    """One line: the ε the run will have spent after ``rounds`` rounds under its cohort sampling, and — for a
+    fixed-size or capped cohort — what Poisson sampling at the same σ and q would give (the price of the sampling).
+    Both from the accountants the run uses (``compute_epsilon``); one PLD composition at most per number."""
+    from fedrun.privacy.accounting import NEIGHBOURING_RELATIONS, compute_epsilon
+
+    sigma, q, n, delta, acct = dp.noise_multiplier, dp.sampling_probability, dp.num_clients, dp.delta, dp.accountant
+    cohort = {} if dp.sampling == "poisson" else {"sampling": dp.sampling, "num_clients": n,
+                                                  "cohort_size": dp.cohort_size}
+    eps = compute_epsilon(sigma, q, rounds, delta, acct, **cohort)
+    how = {"poisson": f"Poisson q = {q:.4g} per round",
+           "fixed_size": f"fixed-size {dp.cohort_size} of {n} per round",
+           "capped_poisson": f"Poisson q = {q:.4g} capped at {dp.cohort_size} of {n} per round"}[dp.sampling]
+    relation = NEIGHBOURING_RELATIONS[dp.sampling] + (", sensitivity 2S" if dp.sampling == "fixed_size" else "")
+    line = (f"dp: {how}, {acct.upper()} ({relation}): ε = {eps:.4g} after {rounds} rounds "
+            f"(σ = {sigma:.4g}, δ = {delta:g})")
+    if dp.sampling == "poisson":
+        return line
+    poisson = " / ".join(f"{compute_epsilon(sigma, q, rounds, delta, a):.4g} ({a.upper()})"
+                         for a in (("rdp", "pld") if dp.sampling == "fixed_size" else ("pld",)))
+    return f"{line}; Poisson at q = {q:.4g} would give ε = {poisson} (add/remove-one)"
 
 
 def make_audit(cfg: RunConfig) -> AuditSettings | None:

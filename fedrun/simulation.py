@@ -26,7 +26,8 @@ from torch import nn
 from fedrun.aggregation import ClientLevelDPSum, WeightedSum
 from fedrun.comm import Ledger, Message
 from fedrun.models.flat import FlatParams
-from fedrun.privacy.mechanisms import PoissonGaussianEvent
+from fedrun.privacy.mechanisms import (Event, FixedSizeGaussianEvent, PoissonGaussianEvent,
+                                       TruncatedPoissonGaussianEvent)
 from fedrun.rng import torch_generator
 from fedrun.sampling import Sampler
 from fedrun.schemes.base import ClientView, Env, Received, Scheme
@@ -35,8 +36,14 @@ from fedrun.training import ClientData, LocalSpec, Trainer, eval_copy, evaluate
 
 @dataclass(frozen=True)
 class ClientDP:
-    """Client-level DP settings (paper 000; DP-FedAvg): clip S, noise multiplier σ, Poisson rate q, and the
-    accountant (``rdp`` | ``pld``) whose ε the run reports as ``epsilon``."""
+    """Client-level DP settings (paper 000; DP-FedAvg): clip S, noise multiplier σ, sampling rate q, the fixed
+    denominator of the DP sum (``expected_clients``), and the accountant (``rdp`` | ``pld``) whose ε the run
+    reports as ``epsilon``.
+
+    ``sampling`` says how the cohort is drawn, and so which event each round records (:meth:`event`):
+    ``poisson`` (q, denominator qN), ``fixed_size`` (``cohort_size`` k of ``num_clients`` N without replacement,
+    q = k/N, denominator k; replace-one neighbours) or ``capped_poisson`` (Poisson with q, at most
+    ``cohort_size``; denominator E[min(Binomial(N, q), cap)])."""
 
     clipping_norm: float
     noise_multiplier: float
@@ -44,6 +51,20 @@ class ClientDP:
     expected_clients: float
     delta: float
     accountant: str = "rdp"
+    sampling: str = "poisson"
+    num_clients: int | None = None
+    cohort_size: int | None = None
+
+    def event(self) -> Event:
+        """The accountant event of one noised client-level sum under this sampling."""
+        if self.sampling == "fixed_size":
+            return FixedSizeGaussianEvent(self.noise_multiplier, self.num_clients, self.cohort_size)
+        if self.sampling == "capped_poisson":
+            return TruncatedPoissonGaussianEvent(self.noise_multiplier, self.sampling_probability, self.num_clients,
+                                                 self.cohort_size)
+        if self.sampling != "poisson":
+            raise ValueError(f"sampling={self.sampling!r} is not one of poisson, fixed_size, capped_poisson")
+        return PoissonGaussianEvent(self.noise_multiplier, self.sampling_probability)
 
 
 @dataclass(frozen=True)
@@ -59,8 +80,8 @@ class Privatizer:
     """The one DP stage every upload passes through; it owns the accountant.
 
     * client-level (``client_dp``): :meth:`open` makes the DP sum (each row clipped to S in the scheme's payload
-      domain; the audit's canary clients join it), :meth:`close` adds N(0, σ²S²), divides by qN and records one
-      accountant event;
+      domain; the audit's canary clients join it), :meth:`close` adds N(0, σ²S²), divides by the fixed
+      denominator (qN; k for a fixed-size cohort) and records one accountant event of the cohort's sampling;
     * local (``local_dp``): :meth:`upload` noises each client's payload (one release each, counted by its
       accountant), summed with the scheme's weights;
     * off: the weighted sum.
@@ -91,7 +112,8 @@ class Privatizer:
         return self.client_dp.noise_multiplier
 
     def noise_std(self) -> float | None:
-        """Std of the client-level noise in each coordinate of the aggregate, σS/(qN); None without it."""
+        """Std of the client-level noise in each coordinate of the aggregate, σS over the fixed denominator (qN, k,
+        …); None without it."""
         dp = self.client_dp
         return None if dp is None else dp.noise_multiplier * dp.clipping_norm / dp.expected_clients
 
@@ -118,8 +140,7 @@ class Privatizer:
     def close(self, rnd: int, agg) -> torch.Tensor:
         out = agg.finish()
         if self.client_dp is not None:
-            self.accountant.record(PoissonGaussianEvent(self.client_dp.noise_multiplier,
-                                                        self.client_dp.sampling_probability))
+            self.accountant.record(self.client_dp.event())
             self.diagnostics = agg.diagnostics()
             if self.canaries is not None:
                 self.canaries.observe(out)

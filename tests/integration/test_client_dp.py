@@ -51,7 +51,7 @@ def test_dp_aggregate_is_clip_sum_noise_over_expected_clients(fast_cfg):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["sampler=uniform", "epsilon=1"], "dp=true needs sampler=poisson"),
+    (["sampler=round_robin", "epsilon=1"], "dp=true needs sampler=poisson, uniform or poisson_capped"),
     (["epsilon=1", "noise_multiplier=0.3"], "disagree"),
     (["epsilon=0"], "epsilon=0 must be > 0"),
     (["epsilon=-1"], "epsilon=-1 must be > 0"),
@@ -212,3 +212,105 @@ def test_pld_accountant_logs_pld_epsilon_within_budget(fast_cfg, tmp_path):
         assert float(r["epsilon"]) == float(r["epsilon_pld"]) and float(r["epsilon_rdp"]) >= float(r["epsilon"])
     assert 0.99 <= summary["epsilon_final"] <= 1.0 and summary["epsilon_final"] == summary["epsilon_pld"]
     assert summary["epsilon_at_best"] <= 1.0
+
+
+# ------------------------------------------------------------------------------- cohorts accounted as sampled
+K_OF_N = ["sampler=uniform", "clients_per_round=4"]  # with DP's num_clients=40: fixed-size cohorts, 4 of 40
+
+
+def _dp_accounting_fixed_size_epsilon(sigma: float, n: int, k: int, rounds: int, delta: float) -> float:
+    """dp_accounting's own RDP of k-of-N sampling without replacement, replace-one neighbours; the clipped sum
+    moves by up to 2S when one client's data is replaced, so the Gaussian's multiplier is σ/2."""
+    import dp_accounting
+    from dp_accounting import rdp
+
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(n, k, dp_accounting.GaussianDpEvent(sigma / 2)), rounds)
+    return acc.get_epsilon(delta)
+
+
+def test_fixed_size_cohort_takes_k_clients_and_logs_its_epsilon_beside_poissons(fast_cfg, tmp_path, caplog):
+    """sampler=uniform dp=true: every round has exactly k = 4 clients, the ε logged after round t is dp_accounting's
+    RDP of t fixed-size rounds (replace-one) — fails if the run records the Poisson event —, and the start-up note
+    gives that ε with the Poisson one at q = k/N beside it."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="fedrun")
+    summary = run(fast_cfg("dataset=mnist", "model=lenet5", "noise_multiplier=1.3", "rounds=3", *DP, *K_OF_N),
+                  out_dir=tmp_path)
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["clients"]) for r in rows] == [4.0, 4.0, 4.0]
+    for t, r in enumerate(rows, 1):
+        assert float(r["epsilon"]) == pytest.approx(_dp_accounting_fixed_size_epsilon(1.3, 40, 4, t, 1e-5), rel=1e-9)
+    assert summary["dp_sampling_probability"] == 0.1 and summary["epsilon_pld"] == summary["epsilon_rdp"]
+    eps, poisson = summary["epsilon_final"], compute_epsilon(1.3, 0.1, 3, 1e-5)
+    notes = [m for m in caplog.messages if m.startswith("dp: fixed-size")]
+    assert notes == [f"dp: fixed-size 4 of 40 per round, RDP (replace-one, sensitivity 2S): ε = {eps:.4g} after 3 "
+                     f"rounds (σ = 1.3, δ = 1e-05); Poisson at q = 0.1 would give ε = {poisson:.4g} (RDP) / "
+                     f"{compute_epsilon(1.3, 0.1, 3, 1e-5, 'pld'):.4g} (PLD) (add/remove-one)"]
+    assert eps > poisson
+
+
+def test_fixed_size_dp_aggregate_is_clip_sum_noise_over_k(fast_cfg):
+    """The fixed-size DP sum divides by k (the cohort's size, fixed), not by q·N of the Poisson sample rate."""
+    c = _plain(fast_cfg("dataset=mnist", "model=lenet5", "noise_multiplier=0.0", *DP, *K_OF_N))
+    sim = build(c).sim
+    w0 = sim.params.clone()
+    clients = sim.select(1)
+    assert len(clients) == 4 and sim.client_dp.expected_clients == 4.0
+    local = torch.cat([m for _, m, _ in sim.train(clients, 1)])
+    d = local.double() - w0.double()
+    clipped = d * torch.clamp(0.05 / d.norm(dim=1, keepdim=True), max=1.0)
+    expected = w0.double() + clipped.sum(0) / 4
+    sim.run_round(1, clients)
+    terms = len(clients) + math.ceil(math.log2(sim.n)) + 4
+    assert_f32_close(sim.params, expected, (w0, 1), clipped.abs().sum(0) / 4, terms=terms)
+
+
+def test_capped_poisson_cohort_runs_with_the_truncated_poisson_pld(fast_cfg, tmp_path):
+    """sampler=poisson_capped accountant=pld: at most the cap per round, ε from the truncated-Poisson PLD, and the
+    DP sum divided by E[min(Binomial(N, q), cap)] (each client's inclusion probability × N: unbiased)."""
+    from scipy.stats import binom
+
+    summary = run(fast_cfg("dataset=mnist", "model=lenet5", "noise_multiplier=1.0", "rounds=2", "accountant=pld",
+                           "sampler=poisson_capped", "clients_per_round=8", *DP), out_dir=tmp_path)
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert all(float(r["clients"]) <= 8 for r in rows)
+    capped = dict(sampling="capped_poisson", num_clients=40, cohort_size=8)
+    assert summary["epsilon_final"] == pytest.approx(compute_epsilon(1.0, 0.25, 2, 1e-5, "pld", **capped), rel=1e-9)
+    assert summary["epsilon_final"] > compute_epsilon(1.0, 0.25, 2, 1e-5, "pld")
+    denominator = sum(min(j, 8) * binom.pmf(j, 40, 0.25) for j in range(41))
+    assert float(rows[0]["dp_noise_std"]) == pytest.approx(1.0 * 0.05 / denominator, rel=1e-9)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["sampler=uniform", "accountant=pld"],
+     "accountant=pld is not available with sampler=uniform (fixed_size cohorts): dp_accounting's PLD accountant has "
+     "no event for sampling without replacement; allowed: accountant=rdp"),
+    (["sampler=poisson_capped"],
+     "accountant=rdp is not available with sampler=poisson_capped (capped_poisson cohorts): dp_accounting's RDP "
+     "accountant has no bound for truncated Poisson sampling; allowed: accountant=pld"),
+    (["sampler=uniform", "audit.canaries=4"],
+     "audit.canaries=4 needs sampler=poisson (each canary takes part with probability C, like a Poisson-sampled "
+     "client); got sampler=uniform; allowed: sampler=poisson or audit.canaries=0"),
+    (["sampler=all"], "dp=true needs sampler=poisson, uniform or poisson_capped (the cohorts an accountant knows); "
+                      "got sampler=all"),
+])
+def test_unsupported_sampling_and_accountant_pairs_are_refused_before_data_loads(fast_cfg, extra, message):
+    from fedrun.run import prepare
+
+    with pytest.raises(ConfigError) as err:
+        prepare(_plain(fast_cfg("dataset=lending_club", *DP, "epsilon=1", *extra)))  # prepare loads no data
+    assert str(err.value) == message
+
+
+def test_dp_auto_stays_off_without_poisson_sampling(fast_cfg):
+    from fedrun.run import prepare
+
+    for sampler in ("uniform", "poisson_capped"):
+        c = _plain(fast_cfg("dataset=mnist", "model=lenet5", "dp=auto", f"sampler={sampler}"))
+        notes = prepare(c)
+        assert c["dp"] is False and any("dp=auto turns client-level DP on with sampler=poisson only" in n
+                                        for n in notes)
