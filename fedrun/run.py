@@ -578,7 +578,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
                               "fedrun.run_dir": str(out.resolve())})
     if built.sim.client_dp is not None:
         dp = built.sim.client_dp
-        tracker.set_tags({"dp.mechanism": "poisson_subsampled_gaussian", "dp.noise_multiplier": f"{dp.noise_multiplier:.6g}",
+        tracker.set_tags({"dp.mechanism": f"{dp.sampling}_subsampled_gaussian", "dp.noise_multiplier": f"{dp.noise_multiplier:.6g}",
                           "dp.sampling_probability": dp.sampling_probability, "dp.clipping_norm": dp.clipping_norm,
                           "dp.delta": dp.delta, "dp.accountant": dp.accountant})
     if built.sim.local_dp is not None:
