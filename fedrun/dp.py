@@ -18,7 +18,7 @@ with Δ from ``local_dp_sensitivity`` (derivations in ``fedrun.privacy.local``, 
 * ``paper``: the paper's Δ = 2ζηE/n_l, accepted only where its condition is checked on the run's data: E
   non-expansive gradient steps, an L2 argument. fedrun checks it for the linear model with MSE (model=lr,
   Lending Club): η ≤ 2/β_l for every client that uploads, β_l = 2·λ_max(X̃_lᵀX̃_l)/n_l computed from the
-  client's rows. It is refused (one-line ConfigError) for the Laplace mechanism — L2 non-expansiveness does
+  client's rows. It is refused (one-line ValueError (a config error at the edge)) for the Laplace mechanism — L2 non-expansiveness does
   not bound the L1 sensitivity Laplace needs — for any other model (β unknown, e.g. the FEMNIST CNN), and
   where η > 2/β_l for some client (the error names the worst one).
 * ``paper_unchecked``: the paper's Δ without the check, on explicit request: the run logs a warning and is
@@ -30,7 +30,7 @@ linear model the summary also has the run's min 2/β_l (``ldp_two_over_beta_min`
 
 T_l must be known when the run starts, so only samplers with a deterministic participation count are
 allowed: ``round_robin`` (exact counts from :meth:`RoundRobinSampler.participations`) and ``all``
-(T_l = rounds). Others raise a :class:`ConfigError`.
+(T_l = rounds). Others raise a ValueError (reported as a one-line config error by ``fedrun.run.build``).
 
 Accounting is done from what was actually added, one event per client and participation: Laplace
 releases with pure ε_i = Δ₁/b_l composed by basic composition (Σ ε_i), Gaussian releases with noise
@@ -38,7 +38,7 @@ multiplier σ_l/Δ₂ composed with RDP (per round, logged as ``epsilon``) and P
 logged ε is the worst client's. So a reader sees the target ε (what the paper's formula was asked for)
 beside the ε actually composed (e.g. the classic Gaussian formula overshoots its target for ε ≥ 1).
 
-Deliberate choices on clip settings (each bad combination is a one-line :class:`ConfigError`):
+Deliberate choices on clip settings (each bad combination is a one-line ValueError, reported as a config error):
 
 * no ``local_clip`` → error (the sensitivity needs ζ); ``local_mode`` must be ``gd`` (E full-batch steps);
 * Laplace needs ``local_clip_ord=1`` (its sensitivity is an L1 bound; an L2 clip ζ₂ would bound it only by
@@ -58,7 +58,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedrun.config import ConfigError
 from fedrun.privacy.accounting import gaussian_composition_epsilon, laplace_basic_composition
 from fedrun.privacy.local import (
     NonexpansiveCheck,
@@ -346,13 +345,13 @@ def _participations(sampler, rounds: int, seed: int, mode: str) -> np.ndarray:
     if isinstance(sampler, AllSampler):
         return np.full(sampler.num_clients, int(rounds), dtype=np.int64)
     name = _SAMPLER_NAMES.get(type(sampler).__name__, type(sampler).__name__)
-    raise ConfigError(f"dp={mode} needs each client's participation count T_l in advance; sampler={name} "
+    raise ValueError(f"dp={mode} needs each client's participation count T_l in advance; sampler={name} "
                       f"does not fix it; allowed: {ALLOWED_SAMPLERS}")
 
 
 def _choose_sensitivity(model: str, mode: str, mechanism: str, requested: str, spec: LocalSpec,
                         parts: list[np.ndarray], participations: np.ndarray, x_train) -> SensitivityChoice:
-    """Which Δ the run uses (module doc); one-line ConfigError where ``paper`` is asked for and not verified."""
+    """Which Δ the run uses (module doc); one-line ValueError (a config error at the edge) where ``paper`` is asked for and not verified."""
     linear = model == "lr" and spec.loss == "mse"
     check = None
     if linear:  # 2/β_l of every client that uploads (n_l ≥ 1, T_l ≥ 1): logged whatever was requested
@@ -382,16 +381,16 @@ def _choose_sensitivity(model: str, mode: str, mechanism: str, requested: str, s
     # requested == "paper": accepted only where verified
     if mechanism == "laplace":
         also = f" (its L2 condition on this data: {check.describe()})" if check is not None else ""
-        raise ConfigError(f"dp={mode}: local_dp_sensitivity=paper (Δ = 2ζηE/n_l) rests on non-expansive gradient "
+        raise ValueError(f"dp={mode}: local_dp_sensitivity=paper (Δ = 2ζηE/n_l) rests on non-expansive gradient "
                           f"steps, an L2 argument that does not bound the L1 sensitivity the Laplace mechanism "
                           f"needs{also}; use {SENSITIVITY_ALTERNATIVES}")
     if check is None:
-        raise ConfigError(f"dp={mode}: local_dp_sensitivity=paper needs its condition η ≤ 2/β_l checked on the run's "
+        raise ValueError(f"dp={mode}: local_dp_sensitivity=paper needs its condition η ≤ 2/β_l checked on the run's "
                           f"data, which fedrun can do only for model=lr (linear regression, MSE), not "
                           f"model={model}; use {SENSITIVITY_ALTERNATIVES}")
     if not check.passed:
         l = check.worst_client
-        raise ConfigError(f"dp={mode}: local_dp_sensitivity=paper needs η ≤ 2/β_l for every client (non-expansive "
+        raise ValueError(f"dp={mode}: local_dp_sensitivity=paper needs η ≤ 2/β_l for every client (non-expansive "
                           f"steps); client {l} (n_l={int(check.sizes[l])}) has 2/β_l={check.min_two_over_beta:.4g} "
                           f"< lr={check.lr:g}; use lr ≤ {check.min_two_over_beta:.4g}, or {SENSITIVITY_ALTERNATIVES}")
     return SensitivityChoice("paper", True, False, f"checked on this run's data (L2, Gaussian): {check.describe()}",
@@ -406,31 +405,31 @@ def make_local_dp(cfg, sampler, parts: list[np.ndarray], spec: LocalSpec, x_trai
     mode = cfg.dp
     mechanism = mode.removeprefix("local_")
     if mechanism not in MECHANISMS:
-        raise ConfigError(f"dp={mode} is not a local-DP mode; use local_laplace or local_gaussian")
+        raise ValueError(f"dp={mode} is not a local-DP mode; use local_laplace or local_gaussian")
     if spec.clip_norm is None:
-        raise ConfigError(f"dp={mode} needs local_clip=ζ (the per-iteration gradient clip that bounds the "
+        raise ValueError(f"dp={mode} needs local_clip=ζ (the per-iteration gradient clip that bounds the "
                           f"sensitivity; paper 001 uses 150 for Lending Club, 3 for FEMNIST)")
     if spec.mode != "gd":
-        raise ConfigError(f"dp={mode} needs local_mode=gd (E = local_steps full-batch gradient steps, paper 001's "
+        raise ValueError(f"dp={mode} needs local_mode=gd (E = local_steps full-batch gradient steps, paper 001's "
                           f"Alg. 1); got local_mode={spec.mode}")
     if mechanism == "laplace" and spec.clip_ord != 1:
-        raise ConfigError(f"dp=local_laplace needs local_clip_ord=1: the Laplace mechanism's sensitivity is an L1 "
+        raise ValueError(f"dp=local_laplace needs local_clip_ord=1: the Laplace mechanism's sensitivity is an L1 "
                           f"bound (got local_clip_ord={spec.clip_ord}; an L2 clip ζ bounds the L1 norm only by √p·ζ)")
     if spec.clip_mode == "batch":
         log.warning("dp=%s with local_clip_mode=batch: the sensitivity is 2ζηE (no 1/n_l), n_l times the noise of "
                     "local_clip_mode=per_sample, which paper 001's scales assume", mode)
     eps = cfg.epsilon
     if eps is None:
-        raise ConfigError(f"dp={mode} needs epsilon=ε, the per-client budget over the whole run (.inf = no noise)")
+        raise ValueError(f"dp={mode} needs epsilon=ε, the per-client budget over the whole run (.inf = no noise)")
     if cfg.noise_multiplier is not None:
-        raise ConfigError(f"noise_multiplier={cfg.noise_multiplier} is for dp=true; dp={mode} derives its noise "
+        raise ValueError(f"noise_multiplier={cfg.noise_multiplier} is for dp=true; dp={mode} derives its noise "
                           f"from epsilon (give noise_multiplier=null)")
     calibration = cfg.local_dp_calibration
     if calibration not in CALIBRATIONS:
-        raise ConfigError(f"local_dp_calibration={calibration!r} is not allowed; use {' or '.join(CALIBRATIONS)}")
+        raise ValueError(f"local_dp_calibration={calibration!r} is not allowed; use {' or '.join(CALIBRATIONS)}")
     sens = cfg.local_dp_sensitivity
     if sens not in SENSITIVITIES:
-        raise ConfigError(f"local_dp_sensitivity={sens!r} is not allowed; use {', '.join(SENSITIVITIES)}")
+        raise ValueError(f"local_dp_sensitivity={sens!r} is not allowed; use {', '.join(SENSITIVITIES)}")
     participations = _participations(sampler, cfg.rounds, cfg.seed, mode)
     sizes = np.array([len(p) for p in parts], dtype=np.int64)
     choice = _choose_sensitivity(cfg.model, mode, mechanism, sens, spec, parts, participations, x_train)
@@ -441,9 +440,7 @@ def make_local_dp(cfg, sampler, parts: list[np.ndarray], spec: LocalSpec, x_trai
                      participations, sizes, delta=cfg.delta, clip_mode=spec.clip_mode,
                      nonexpansive=choice.nonexpansive, calibration=calibration,
                      accountant=cfg.accountant, sensitivity_choice=choice)
-    except ConfigError:
-        raise
     except ValueError as exc:
-        raise ConfigError(f"dp={mode}: {exc}") from None
+        raise ValueError(f"dp={mode}: {exc}") from None
     dp.scheme_name = cfg.scheme_name
     return dp

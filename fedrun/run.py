@@ -268,12 +268,12 @@ def build(c: dict | RunConfig) -> Built:
     mode = cfg.dp
     client_dp = make_client_dp(cfg, sampler) if mode == "client" else None
     local_dp = None
-    if mode in ("local_laplace", "local_gaussian"):
-        from fedrun.dp import make_local_dp
-
-        local_dp = make_local_dp(cfg, sampler, parts, spec, x_train=x_train)
     trainable, facts = None, None
-    try:
+    try:  # the modules below raise ValueError for a setting they refuse: here, at the edge, a config error
+        if mode in ("local_laplace", "local_gaussian"):
+            from fedrun.dp import make_local_dp
+
+            local_dp = make_local_dp(cfg, sampler, parts, spec, x_train=x_train)
         if scheme.needs_image_source:
             from fedrun.transfer import fbftl
 
@@ -287,7 +287,7 @@ def build(c: dict | RunConfig) -> Built:
                          vectorized=cfg.vectorized, batched_layers=cfg.batched_layers,
                          client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val, layout=layout,
                          audit=make_audit(cfg), frozen_numel=0 if isinstance(scheme, FbFTL) else frozen)
-    except ValueError as exc:  # a scheme's set-up refuses the model or the run's settings
+    except ValueError as exc:
         raise ConfigError(str(exc)) from None
     names = {"dataset": dataset.name, "model": model_name, "partition": part_name,
              "scheme": cfg.scheme_name, "dp": mode, "device": str(device)}

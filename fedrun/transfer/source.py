@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrun.config import ConfigError
 from fedrun.transfer import split
 
 log = logging.getLogger("fedrun")
@@ -66,26 +65,26 @@ class SourceSpec:
         if self.dataset == "imagenet":
             return
         if int(self.epochs) < 1:
-            raise ConfigError(f"source_epochs={self.epochs} must be an integer >= 1")
+            raise ValueError(f"source_epochs={self.epochs} must be an integer >= 1")
         if int(self.batch_size) < 1:
-            raise ConfigError(f"source_batch_size={self.batch_size} must be an integer >= 1")
+            raise ValueError(f"source_batch_size={self.batch_size} must be an integer >= 1")
         if not float(self.lr) > 0 or math.isinf(float(self.lr)):
-            raise ConfigError(f"source_lr={self.lr} must be > 0")
+            raise ValueError(f"source_lr={self.lr} must be > 0")
         if not 0 <= float(self.momentum) < 1:
-            raise ConfigError(f"source_momentum={self.momentum} is outside [0, 1)")
+            raise ValueError(f"source_momentum={self.momentum} is outside [0, 1)")
         if float(self.weight_decay) < 0:
-            raise ConfigError(f"source_weight_decay={self.weight_decay} must be >= 0")
+            raise ValueError(f"source_weight_decay={self.weight_decay} must be >= 0")
         if self.max_samples is not None and int(self.max_samples) < 1:
-            raise ConfigError(f"source_max_samples={self.max_samples} must be >= 1 (or null for all)")
+            raise ValueError(f"source_max_samples={self.max_samples} must be >= 1 (or null for all)")
 
 
 def check_source_dataset(name: str, model: str | None = None) -> None:
-    """One-line ConfigError for an unknown source, or ImageNet with a model that has no ImageNet weights."""
+    """One-line ValueError for an unknown source, or ImageNet with a model that has no ImageNet weights."""
     if name not in SOURCE_DATASETS:
-        raise ConfigError(f"source_dataset={name!r} is unknown; allowed: {', '.join(SOURCE_DATASETS)} "
+        raise ValueError(f"source_dataset={name!r} is unknown; allowed: {', '.join(SOURCE_DATASETS)} "
                           f"(imagenet only with model=vgg16 and torchvision's weights in the torch cache)")
     if name == "imagenet" and model is not None and model not in IMAGENET_MODELS:
-        raise ConfigError(f"source_dataset=imagenet needs model=vgg16 (torchvision's ImageNet VGG-16); got "
+        raise ValueError(f"source_dataset=imagenet needs model=vgg16 (torchvision's ImageNet VGG-16); got "
                           f"model={model}; for model={model} use source_dataset=femnist, mnist or fashion_mnist")
 
 
@@ -176,7 +175,7 @@ def train_source(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: Sourc
                 progress.step(value)
             epoch_loss = total / len(y)
             if not math.isfinite(epoch_loss):
-                raise ConfigError(f"source training diverged (loss {epoch_loss}) at epoch {epoch}; "
+                raise ValueError(f"source training diverged (loss {epoch_loss}) at epoch {epoch}; "
                                   f"try a smaller source_lr than {spec.lr}")
             log.info("source model %s on %s: epoch %d/%d loss %.4f (%.0fs)", spec.model, spec.dataset, epoch,
                      spec.epochs, epoch_loss, time.perf_counter() - t0)
@@ -305,15 +304,15 @@ def prepare_model(scheme, model: torch.nn.Module, name: str, dataset, data_root,
 
 # --------------------------------------------------------------------------------------------- ImageNet
 def imagenet_weights_file(model: str = "vgg16") -> Path:
-    """Where torchvision keeps ``model``'s ImageNet weights; ConfigError (one line) when they are missing."""
+    """Where torchvision keeps ``model``'s ImageNet weights; ValueError (one line) when they are missing."""
     from torchvision.models import VGG16_Weights
 
     if model not in IMAGENET_MODELS:
-        raise ConfigError(f"source_dataset=imagenet needs model=vgg16; got model={model}")
+        raise ValueError(f"source_dataset=imagenet needs model=vgg16; got model={model}")
     name = os.path.basename(VGG16_Weights.IMAGENET1K_V1.url)
     path = Path(torch.hub.get_dir()) / "checkpoints" / name
     if not path.is_file():
-        raise ConfigError(f"source_dataset=imagenet needs torchvision's ImageNet VGG-16 weights {name} in "
+        raise ValueError(f"source_dataset=imagenet needs torchvision's ImageNet VGG-16 weights {name} in "
                           f"{path.parent} (not found; fedrun does not download them); copy the file there "
                           f"or set TORCH_HOME, or use source_dataset=femnist, mnist or fashion_mnist")
     return path

@@ -27,7 +27,6 @@ import re
 import torch
 from torch import nn
 
-from fedrun.config import ConfigError
 
 D_BITS = 32  # d: float32
 
@@ -47,15 +46,15 @@ def linear_cut_choices(model: nn.Module) -> list[int]:
 
 
 def check_cut(model: nn.Module, model_name: str, cut_layer: int | None) -> int:
-    """The cut index to use (``cut_layer``, or the model's ``default_cut``); one-line ConfigError if invalid."""
+    """The cut index to use (``cut_layer``, or the model's ``default_cut``); one-line ValueError if invalid."""
     choices = linear_cut_choices(model)
     if not choices:
-        raise ConfigError(f"model={model_name} has no cut layer (no fully connected layer after a trainable "
+        raise ValueError(f"model={model_name} has no cut layer (no fully connected layer after a trainable "
                           f"one); transfer schemes need lenet5, femnist_cnn, fashion_cnn or vgg16")
     cut = getattr(model, "default_cut", None) if cut_layer is None else cut_layer
     if isinstance(cut, bool) or not isinstance(cut, int) or cut not in choices:
         allowed = ", ".join(str(c) for c in choices)
-        raise ConfigError(f"cut_layer={cut_layer} is not a fully connected layer of model={model_name} that can "
+        raise ValueError(f"cut_layer={cut_layer} is not a fully connected layer of model={model_name} that can "
                           f"be cut; allowed: {allowed} (body indices; default {getattr(model, 'default_cut', None)})")
     return int(cut)
 
@@ -87,10 +86,10 @@ def copy_extractor(model: nn.Module, source_state: dict[str, torch.Tensor], cut:
             if layer_index(name) >= cut:
                 continue
             if name not in source_state:
-                raise ConfigError(f"the source model has no {name}; it does not match the target's architecture")
+                raise ValueError(f"the source model has no {name}; it does not match the target's architecture")
             src = source_state[name]
             if tuple(src.shape) != tuple(tensor.shape):
-                raise ConfigError(f"source model {name} has shape {tuple(src.shape)}, the target needs "
+                raise ValueError(f"source model {name} has shape {tuple(src.shape)}, the target needs "
                                   f"{tuple(tensor.shape)}: the architectures differ before the cut")
             tensor.copy_(src.to(tensor.dtype))
             copied.append(name)

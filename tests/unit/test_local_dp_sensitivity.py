@@ -17,7 +17,6 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import compose
-from fedrun.config import ConfigError
 from fedrun.dp import LocalDP, make_local_dp
 from fedrun.models.flat import FlatParams
 from fedrun.models.nets import build_model
@@ -152,7 +151,7 @@ def test_paper_refused_where_one_client_fails_the_check():
     worst = int(np.argmin(limits))
     lr = 1.01 * min(limits)
     assert lr < sorted(limits)[1]  # only the worst client fails
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ValueError) as err:
         _make("paper", lr=lr)
     msg = str(err.value)
     assert "\n" not in msg
@@ -163,14 +162,14 @@ def test_paper_refused_where_one_client_fails_the_check():
 def test_paper_refused_for_laplace_even_where_the_l2_check_holds():
     x, parts = _clients()
     lr = 0.5 * min(_two_over_beta(x[p]) for p in parts)
-    with pytest.raises(ConfigError, match=r"L2 argument that does not bound the L1 sensitivity the Laplace") as err:
+    with pytest.raises(ValueError, match=r"L2 argument that does not bound the L1 sensitivity the Laplace") as err:
         _make("paper", mechanism="laplace", lr=lr)
     assert "proven" in str(err.value) and "paper_unchecked" in str(err.value)
 
 
 @pytest.mark.parametrize("model,loss", [("femnist_cnn", "cross_entropy"), ("lenet5", "cross_entropy")])
 def test_paper_refused_where_the_condition_cannot_be_checked(model, loss):
-    with pytest.raises(ConfigError, match=f"only for model=lr .*not model={model}; use local_dp_sensitivity=proven"):
+    with pytest.raises(ValueError, match=f"only for model=lr .*not model={model}; use local_dp_sensitivity=proven"):
         _make("paper", model=model, loss=loss)
 
 
@@ -202,7 +201,7 @@ def test_paper_unchecked_is_marked_conditional_and_warned(caplog):
 
 
 def test_unknown_value_refused():
-    with pytest.raises(ConfigError, match="local_dp_sensitivity='exact' is not allowed; use proven, paper, "
+    with pytest.raises(ValueError, match="local_dp_sensitivity='exact' is not allowed; use proven, paper, "
                                           "paper_unchecked"):
         _make("exact")
 
@@ -252,9 +251,9 @@ def test_lending_club_state_fails_the_check_at_the_papers_step(shared_data):
                                                "tracking=none", "progress=off", *extra]), resolve=True)
 
     gauss = ["dp=local_gaussian", "delta=1e-4", "local_dp_sensitivity=paper"]
-    with pytest.raises(ConfigError, match=r"client 32 \(n_l=107\) has 2/β_l=0.1709 < lr=0.2; use lr ≤ 0.1709"):
+    with pytest.raises(ValueError, match=r"client 32 \(n_l=107\) has 2/β_l=0.1709 < lr=0.2; use lr ≤ 0.1709"):
         build(cfg(*gauss))
-    with pytest.raises(ConfigError, match="Laplace mechanism needs.*lr=0.2 > min 2/β_l=0.1709 \\(client 32"):
+    with pytest.raises(ValueError, match="Laplace mechanism needs.*lr=0.2 > min 2/β_l=0.1709 \\(client 32"):
         build(cfg("local_dp_sensitivity=paper"))
     ok = build(cfg(*gauss, "lr=0.17")).sim.local_dp.summary()
     assert ok["ldp_sensitivity_nonexpansive"] == 1 and ok["ldp_sensitivity_conditional"] == 0

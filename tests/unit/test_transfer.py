@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from fedrun.config import ConfigError
 from fedrun.data.dataset import Dataset
 from fedrun.models.nets import build_model
 from fedrun.schemes.transfer import FbFTL, FTLc, label_dtype
@@ -43,14 +42,14 @@ def test_cut_choices_are_the_fully_connected_layers(name, choices, default):
 
 @pytest.mark.parametrize("cut", [0, 3, 8, 12, 99, -1, True, "9"])
 def test_bad_cut_is_one_line_naming_value_and_allowed(cut):
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ValueError) as e:
         split.check_cut(build_model("lenet5", num_classes=10), "lenet5", cut)
     msg = str(e.value)
     assert "\n" not in msg and f"cut_layer={cut}" in msg and "allowed: 7, 9, 11" in msg
 
 
 def test_model_without_cut_layer():
-    with pytest.raises(ConfigError, match="model=lr has no cut layer"):
+    with pytest.raises(ValueError, match="model=lr has no cut layer"):
         split.check_cut(build_model("lr", in_features=10), "lr", None)
 
 
@@ -76,7 +75,7 @@ def test_copy_extractor_copies_f1_only_and_checks_shapes():
         ref = source.state_dict()[k] if int(k.split(".")[1]) < 9 else before[k]
         assert torch.equal(v, ref), k
     wrong = {**source.state_dict(), "body.3.weight": torch.zeros(16, 6, 3, 3)}
-    with pytest.raises(ConfigError, match=r"body.3.weight has shape \(16, 6, 3, 3\)"):
+    with pytest.raises(ValueError, match=r"body.3.weight has shape \(16, 6, 3, 3\)"):
         split.copy_extractor(target, wrong, 9)
 
 
@@ -185,7 +184,7 @@ def _toy_dataset(n: int = 160, classes: int = 4, seed: int = 0) -> Dataset:
 ])
 def test_source_spec_errors_are_one_line(kwargs, message):
     args = {"dataset": "femnist", "model": "lenet5", **kwargs}
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ValueError) as e:
         src.SourceSpec(**args)
     assert message in str(e.value) and "\n" not in str(e.value)
 
@@ -246,11 +245,11 @@ def test_source_training_is_deterministic_from_its_seed(tmp_path):
 
 def test_missing_imagenet_weights_is_one_clear_line(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ValueError) as e:
         src.imagenet_weights_file("vgg16")
     msg = str(e.value)
     assert "\n" not in msg and "vgg16-397923af.pth" in msg and "does not download" in msg
-    with pytest.raises(ConfigError, match="vgg16-397923af.pth"):
+    with pytest.raises(ValueError, match="vgg16-397923af.pth"):
         FTLc(source_dataset="imagenet")  # fails at construction, before any data or model work
 
 
@@ -267,8 +266,8 @@ def test_imagenet_weights_are_renamed_into_the_vgg16_body(tmp_path, monkeypatch)
 
 def test_scheme_constructor_errors():
     # a scheme's constructor raises ValueError for a bad setting (fedrun.run reports it as a ConfigError); the
-    # source dataset is checked by fedrun.transfer.source, which raises ConfigError itself
-    with pytest.raises(ConfigError, match="source_dataset='svhn' is unknown"):
+    # source dataset is checked by fedrun.transfer.source, which raises ValueError too
+    with pytest.raises(ValueError, match="source_dataset='svhn' is unknown"):
         FTLc(source_dataset="svhn")
     with pytest.raises(ValueError, match="cut_layer='x'"):
         FTLc(cut_layer="x")
