@@ -12,9 +12,9 @@ ifeq ($(origin FEDRUN_DATA), undefined)
   endif
 endif
 PYTEST_ARGS ?=
-# make test runs in one process (2 min 24 s, 2.4 GB on the idle 2-core machine); TEST_WORKERS=2 uses two
-# pytest-xdist workers, each test file on one worker (--dist loadfile): ~1 min 50 s, ~3.7 GB for both
-TEST_WORKERS ?= 0
+# make test uses two pytest-xdist workers, each test file on one worker (--dist loadfile): 2 min 32 s of pytest on
+# the idle 2-core machine (1,205 tests), ~3.7 GB for both; TEST_WORKERS=0 runs one process (3 min 25 s, 2.4 GB)
+TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: install run test test-slow bench gpu-check ui tables clean
