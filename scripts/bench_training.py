@@ -151,7 +151,7 @@ class TrainingClock:
 
 def time_round(sim, rnd: int) -> dict[str, float]:
     """One whole round (no evaluation): total seconds and its phases — ``select`` (client selection),
-    ``train`` (inside the trainer), ``scheme`` (the rest of ``scheme.round``: encode, aggregate with DP, decode,
+    ``train`` (inside the trainer), ``scheme`` (the rest of ``Simulation.run_round``: encode, aggregate with DP, decode,
     model update), ``accounting`` (``sim.epsilon()``) — and ``cuda_peak`` (bytes; 0 on the CPU)."""
     clock = getattr(sim, "_bench_clock", None)
     if clock is None:

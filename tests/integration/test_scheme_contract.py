@@ -204,7 +204,7 @@ def _check_rounds(scheme: str, built, obs: Observer, loop: LoopState) -> None:
         per_client = rec["uplink_bytes"] / rec["clients"]
         assert 4 * words - 1e-6 * words <= per_client <= 4 * words + EXTRA_BYTES, \
             f"scheme={scheme}: {per_client:g} uplink bytes per client; compression_ratio says 4·r·n = {4 * words:g}"
-        assert rec["aggregators"], f"scheme={scheme}: no aggregator from sim.new_aggregator"
+        assert rec["aggregators"], f"scheme={scheme}: no aggregator from the privatizer"
         payload = rec["aggregators"][0]
         assert payload["dim"] == sim.scheme.payload_dim, (scheme, payload)
         assert payload["rows"] == rec["clients"], (scheme, payload)
