@@ -20,8 +20,6 @@ import torch
 from fedrun.comm import Message
 from fedrun.rng import derive_seed
 
-SERVER_OPTIONS = ("server_lr", "server_momentum")
-
 
 def check(name: str, value: Any, allowed: str, ok=lambda v: True, kind=(int, float), null: bool = False) -> Any:
     """``value`` if None (where ``null``) or a ``kind`` (a bool only where ``kind`` has bool) with ``ok(value)``."""
