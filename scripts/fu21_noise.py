@@ -97,21 +97,19 @@ def measure(experiment: str, overrides: list[str], measured_rounds: int, max_coo
 
 
 def table(rows: list[dict[str, float]]) -> str:
-    from fedrun.report import Column, markdown_table
+    from fedrun.reports.common import fmt, md
 
     base = rows[0]
     z = 2 if base["mechanism"] == "laplace" else 1
     for r in rows:
         r["law"] = (r["lr"] / base["lr"]) ** 2 * (r["E"] / base["E"]) ** 2 * (r["T_l"] / base["T_l"]) ** z
         r["rel"] = r["measured"] / base["measured"]
-    cols = [Column("mechanism", "mechanism"), Column("ε", "epsilon", "{:g}"), Column("E", "E"),
-            Column("η", "lr", "{:g}"), Column("T_g", "T_g"), Column("b of N", lambda r: f"{r['b']} of {r['N']}"),
-            Column("T_l (max)", "T_l"), Column("coords × rounds", "coords"),
-            Column("Var measured", "measured", "{:.4g}"), Column("Var formula Σa²Var(w)", "formula", "{:.4g}"),
-            Column("measured / formula", lambda r: r["measured"] / r["formula"], "{:.3f}"),
-            Column("measured / first row", "rel", "{:.3g}"),
-            Column(f"η²E²T_l^{z} / first row", "law", "{:.3g}")]
-    return markdown_table(rows, cols)
+    head = ["mechanism", "ε", "E", "η", "T_g", "b of N", "T_l (max)", "coords × rounds", "Var measured",
+            "Var formula Σa²Var(w)", "measured / formula", "measured / first row", f"η²E²T_l^{z} / first row"]
+    return md(head, ([r["mechanism"], fmt(r["epsilon"], "{:g}"), str(r["E"]), fmt(r["lr"], "{:g}"), str(r["T_g"]),
+                      f"{r['b']} of {r['N']}", str(r["T_l"]), str(r["coords"]), fmt(r["measured"], "{:.4g}"),
+                      fmt(r["formula"], "{:.4g}"), fmt(r["measured"] / r["formula"], "{:.3f}"),
+                      fmt(r["rel"], "{:.3g}"), fmt(r["law"], "{:.3g}")] for r in rows))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,9 +9,18 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
-from fedrun.reports.build import Curve
+
+class Curve(NamedTuple):
+    """One line of a panel: the mean and std over runs per step, the most runs at a step, its colour and style."""
+    label: str
+    steps: tuple[int, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    n: int
+    color: str | None
+    linestyle: str | None
 
 RC = {"svg.hashsalt": "fedrun-report", "svg.fonttype": "path", "font.family": "DejaVu Sans",
       "path.simplify": False, "figure.dpi": 100}

@@ -1,15 +1,16 @@
-"""Paper 003's comparison (conf/report/fbftl.yaml) built end to end from a synthetic export.
+"""Paper 003's comparison (fedrun/reports/fbftl.py) built end to end from a synthetic export.
 
 The export has the params, tags and metrics (MLflow names) that a real ``fedrun -m experiment=fbftl_*`` run logs
 (read off a rounds=2 run exported with ``python -m fedrun.export``), for both source → target pairs, the four
 schemes and three seeds, plus runs the spec must leave out: a shorter trial run, a run that tuned the server lr,
-a FAILED run. ``python -m fedrun.report fbftl`` is run on it in a temporary repository (the real spec, with its
-exports and output pointed there); its cells, claims and README block are checked, then ``--check``.
+a FAILED run. ``python -m fedrun.report fbftl`` is run on it in a temporary repository (the exports and output at
+their places under results/fbftl/); its cells, claims and README block are checked, then ``--check``.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import yaml
@@ -17,8 +18,8 @@ from omegaconf import OmegaConf
 
 from fedrun import export as ex
 from fedrun.report import main
-from fedrun.reports import readme
-from fedrun.reports.spec import load_spec, yaml_load
+from fedrun.reports import REPORTS, fbftl
+from fedrun.reports.common import markers
 
 REPO = Path(__file__).resolve().parents[2]
 PAIRS = {"fbftl-femnist-mnist": ("femnist", "mnist"), "fbftl-mnist-fashion": ("mnist", "fashion_mnist")}
@@ -113,26 +114,24 @@ def _synthetic_exports(root: Path) -> None:
 
 
 def _root(tmp_path: Path) -> Path:
-    """A repository-like folder: the real spec (its exports and output under results/fbftl/, as committed) and a
-    README.md with the spec's claims block."""
+    """A repository-like folder: the exports under results/fbftl/runs/ (as committed) and a README.md with the
+    report's claims block."""
     root = tmp_path / "repo"
-    (root / "conf" / "report").mkdir(parents=True)
-    raw = yaml_load((REPO / "conf" / "report" / "fbftl.yaml").read_text())
-    (root / "conf" / "report" / "fbftl.yaml").write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
-    start, end = readme.markers("fbftl")
+    (root / "results" / "fbftl").mkdir(parents=True)
+    shutil.copy(REPO / "results" / "fbftl" / "table.template.md", root / "results" / "fbftl")
+    start, end = markers("fbftl")
     (root / "README.md").write_text(f"# A README\n\n- **003 (FbFTL)**: text.\n{start}\n{end}\n\nThe end.\n")
     _synthetic_exports(root)
     return root
 
 
-def test_spec_parses_and_names_the_sweeps_exports():
-    spec = load_spec(REPO / "conf" / "report" / "fbftl.yaml")
-    assert [e.experiment for e in spec.exports] == ["fbftl-femnist-mnist", "fbftl-mnist-fashion"]
-    for e in spec.exports:
+def test_the_report_names_the_sweeps_exports():
+    exports = REPORTS["fbftl"][1]
+    assert [e.experiment for e in exports] == ["fbftl-femnist-mnist", "fbftl-mnist-fashion"]
+    for e in exports:
         exp = yaml.safe_load((REPO / "conf" / "experiment" / f"{e.experiment.replace('-', '_')}.yaml").read_text())
         assert exp["tracking"]["experiment"] == e.experiment and exp["skip_finished"] is True
         assert exp["hydra"]["sweeper"]["params"] == {"seed": "0,1,2", "scheme": "fl,ftl_full,ftl_c,fbftl"}
-    assert spec.claims and spec.output == "results/fbftl/table.md"
 
 
 def test_fbftl_report_from_a_synthetic_export(tmp_path, capsys):
@@ -235,5 +234,4 @@ def test_the_tuned_sweeps_differ_from_the_fixed_lr_runs_only_by_the_lr_search():
         tuned["scheme"]["tune_lrs"], tuned["tracking"] = None, fixed["tracking"]
         assert tuned == fixed
     # the report maps the logged text of that list to the tuned row
-    spec = load_spec(REPO / "conf" / "report" / "fbftl_tuned.yaml")
-    assert spec.dims["lr_choice"].map[str([0.01, 0.03, 0.1, 0.3])] == "tuned"
+    assert fbftl.LR_CHOICE[str([0.01, 0.03, 0.1, 0.3])] == "tuned"

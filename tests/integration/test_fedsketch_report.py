@@ -1,4 +1,4 @@
-"""Paper 002's report spec (conf/report/fedsketch.yaml) end to end on a synthetic export of both figure sweeps.
+"""Paper 002's report (fedrun/reports/fedsketch.py) end to end on a synthetic export of both figure sweeps.
 
 The synthetic runs are shaped like the real ones: each is a copy of a committed FedSGD run
 (the seed-0 FedSGD τ = 2, 5 runs of results/fedsketch/runs/fedsketch-*: every param, tag and metric a real run
@@ -20,11 +20,10 @@ import pytest
 
 from fedrun import export as ex
 from fedrun.report import main
-from fedrun.reports import readme
-from fedrun.reports.spec import load_spec
+from fedrun.reports import REPORTS
+from fedrun.reports.common import markers
 
 REPO = Path(__file__).resolve().parents[2]
-SPEC = REPO / "conf" / "report" / "fedsketch.yaml"
 COMMITTED = [REPO / "results" / "fedsketch" / "runs" / f"fedsketch-{split}" for split in ("homogeneous", "heterogeneous")]
 D = 61706  # LeNet-5's parameters (tag fedrun.num_parameters)
 SEEDS = (0, 1, 2)
@@ -142,11 +141,12 @@ def _synthetic_runs(rng: random.Random) -> tuple[list[dict], list[tuple[str, str
 
 
 def _root(tmp_path: Path, splits=("homogeneous", "heterogeneous")) -> Path:
-    """A repository-like folder: the real spec, a README with the block's markers, the synthetic exports."""
+    """A repository-like folder: the report's text (its template), a README with the block's markers, the synthetic
+    exports."""
     root = tmp_path / "repo"
-    (root / "conf" / "report").mkdir(parents=True)
-    shutil.copy(SPEC, root / "conf" / "report" / "fedsketch.yaml")
-    start, end = readme.markers("fedsketch")
+    (root / "results" / "fedsketch").mkdir(parents=True)
+    shutil.copy(REPO / "results" / "fedsketch" / "figures.template.md", root / "results" / "fedsketch")
+    start, end = markers("fedsketch")
     (root / "README.md").write_text(f"# README\n\n- **002 (FedSKETCH)**: text.\n\n{start}\n{end}\n\nThe end.\n")
     runs, points = _synthetic_runs(random.Random(0))
     for split in splits:
@@ -161,7 +161,7 @@ def _root(tmp_path: Path, splits=("homogeneous", "heterogeneous")) -> Path:
     return root
 
 
-def test_the_spec_builds_both_figures_tables_and_claims_from_the_exports(tmp_path, capsys):
+def test_the_report_builds_both_figures_tables_and_claims_from_the_exports(tmp_path, capsys):
     root = _root(tmp_path)
     assert main(["fedsketch", "--root", str(root)]) == 0
     out = root / "results" / "fedsketch"
@@ -240,21 +240,21 @@ def test_with_only_one_figure_exported_the_report_says_which_export_is_missing(t
     assert not (root / "results" / "fedsketch" / "figures.md").exists()
 
 
-def test_the_spec_names_its_two_sweeps_and_the_readme_has_its_block():
-    spec = load_spec(SPEC)
-    assert [(e.path, e.experiment, e.every) for e in spec.exports] == [
+def test_the_report_names_its_two_sweeps_and_every_claim_quotes_the_paper():
+    assert [(e.path, e.experiment, e.every) for e in REPORTS["fedsketch"][1]] == [
         ("results/fedsketch/runs/fedsketch-homogeneous", "fedsketch-homogeneous", 10),
         ("results/fedsketch/runs/fedsketch-heterogeneous", "fedsketch-heterogeneous", 10)]
-    assert spec.output == "results/fedsketch/figures.md" and spec.replicate == "seed"
-    assert readme.names_in((REPO / "README.md").read_text()).count("fedsketch") == 1
-    for claim in spec.claims:  # every claim quotes the paper and says where
-        assert claim.paper and claim.where.startswith("line"), claim.text
+    assert (REPO / "README.md").read_text().count(markers("fedsketch")[0]) == 1
+    claims = (REPO / "results" / "fedsketch" / "figures.md").read_text().split("## The paper's claims")[1]
+    for line in claims.split("## The paper's numbers")[0].splitlines():
+        if line.startswith("- "):  # every claim quotes the paper and says where
+            assert re.search(r" Paper: .+ \(lines? \d+[^)]*\)\.$", line), line
 
 
 @pytest.mark.parametrize("experiment", ["fedsketch_homogeneous", "fedsketch_heterogeneous"])
-def test_the_spec_reads_the_tracking_experiment_of_its_sweep(experiment):
+def test_the_report_reads_the_tracking_experiment_of_its_sweep(experiment):
     from omegaconf import OmegaConf
 
     raw = OmegaConf.load(REPO / "conf" / "experiment" / f"{experiment}.yaml")
-    names = [e.experiment for e in load_spec(SPEC).exports]
+    names = [e.experiment for e in REPORTS["fedsketch"][1]]
     assert raw.tracking.experiment in names and str(raw.hydra.sweeper.params.seed) == "0,1,2"

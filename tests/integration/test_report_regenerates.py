@@ -1,59 +1,54 @@
 """Every committed results table and figure regenerates byte-identically from its committed run export alone.
 
-For each spec ``conf/report/<table>.yaml`` whose exports exist under results/, ``python -m fedrun.report
-<table>``'s files are built again (no MLflow) and compared with the committed ones. The same mechanism is then
-checked end to end on a synthetic Table III export in a temporary folder: generated twice (and in another
-folder) it gives the same bytes; ``--check`` passes, and fails once a value of the export changes.
+For each report of :data:`fedrun.reports.REPORTS` (``python -m fedrun.report <name>``), its files are built again (no
+MLflow) and compared with the committed ones, README.md's claims blocks included. The same mechanism is then checked
+end to end on a synthetic Table III export in a temporary repository: generated twice it gives the same bytes;
+``--check`` passes, and fails once a value of the export or a README verdict changes.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from fedrun import export as ex
-from fedrun.report import main, report_files, spec_path
-from fedrun.reports import readme
-from fedrun.reports.spec import load_spec, yaml_load
+from fedrun.report import main, report_files
+from fedrun.reports import REPORTS
+from fedrun.reports.common import markers
 
 REPO = Path(__file__).resolve().parents[2]
-SPECS = sorted(p.stem for p in (REPO / "conf" / "report").glob("*.yaml"))
 
 
-def _missing_exports(table: str) -> list[str]:
-    """The spec's exports not (wholly) committed under results/."""
-    spec = load_spec(spec_path(table, REPO))
-    return [e.path for e in spec.exports if not all(p.exists() for p in ex.paths(REPO / e.path))]
+@functools.lru_cache(maxsize=None)
+def _files(name: str) -> dict[Path, bytes]:
+    return report_files(name, REPO)
 
 
-@pytest.mark.parametrize("table", SPECS)
-def test_committed_report_regenerates_byte_identically(table):
-    missing = _missing_exports(table)
-    if missing:
-        # a report needs every export of its spec (python -m fedrun.report stops at the first missing one, e.g.
-        # while only one of paper 002's two sweeps is exported): nothing to regenerate until all are committed,
-        # and so no report may be committed before
-        spec = load_spec(spec_path(table, REPO))
-        assert not (REPO / spec.output).exists(), \
-            f"{spec.output} is committed but not its export {', '.join(missing)}: it cannot be regenerated"
-        which = "no export" if len(missing) == len(spec.exports) else "not every export"
-        pytest.skip(f"conf/report/{table}.yaml: {which} committed under results/ yet (missing {', '.join(missing)})")
-    files = report_files(table, REPO)
-    for rel, data in files.items():
+@pytest.mark.parametrize("name", list(REPORTS))
+def test_committed_report_regenerates_byte_identically(name):
+    for rel, data in _files(name).items():
         committed = REPO / rel
-        assert committed.exists(), f"{rel} is not committed; run python -m fedrun.report {table}"
-        assert committed.read_bytes() == data, \
-            f"{rel} differs from what the export gives: python -m fedrun.report {table}"
+        assert committed.exists(), f"{rel} is not committed; run python -m fedrun.report {name}"
+        assert committed.read_bytes() == data, f"{rel} differs from what the export gives: python -m fedrun.report {name}"
+
+
+def test_every_claims_block_of_the_readme_is_a_report_that_writes_it():
+    text = (REPO / "README.md").read_text()
+    names = re.findall(r"<!-- claims: (\S+) \(generated", text)
+    assert names and len(set(names)) == len(names)
+    assert sorted(names) == sorted(n for n in REPORTS if Path("README.md") in _files(n))
 
 
 # ------------------------------------------------------------------------- a synthetic Table III, end to end
 def _synthetic_table3(prefix: Path, seeds=(0, 1, 2), rounds: int = 30) -> None:
     """An export shaped like the Table III sweep's: every (scheme, r, dp, server_opts, seed), with the params,
-    tags and summary metrics the spec reads and test accuracy every 10 rounds; plus an old run without
+    tags and summary metrics the report reads and test accuracy every 10 rounds; plus an old run without
     server_opts (the paper's setup) and a FAILED run."""
     rng = random.Random(0)
     runs, points = [], []
@@ -98,125 +93,85 @@ def _synthetic_table3(prefix: Path, seeds=(0, 1, 2), rounds: int = 30) -> None:
     metrics_file.write_bytes(b)
 
 
-def _root_with_table3(tmp_path: Path, figure: str | None) -> Path:
-    """A repository-like folder: the real Table III spec, pointed at a synthetic export and a temp output."""
+def _root_with_table3(tmp_path: Path) -> Path:
+    """A repository-like folder: a synthetic Table III export at its place, the report's text (its template, ending
+    in hand-written notes) and a README with the block."""
     root = tmp_path / "repo"
-    (root / "conf" / "report").mkdir(parents=True)
-    raw = yaml_load((REPO / "conf" / "report" / "kerkouche21_table3.yaml").read_text())
-    raw["exports"] = [{"path": "results/k/runs/t3", "experiment": "kerkouche21-table3"}]
-    raw["output"] = "results/k/table3.md"
-    raw["notes"] = "results/k/notes.md"
-    if figure:
-        raw["figures"][0]["file"] = figure
-    else:
-        del raw["figures"]
-    import yaml
-
-    (root / "conf" / "report" / "t3.yaml").write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
-    (root / "results" / "k").mkdir(parents=True)
-    (root / "results" / "k" / "notes.md").write_text("## Notes\n\nhand-written notes.\n")
-    start, end = readme.markers("t3")
+    _synthetic_table3(root / "results" / "kerkouche21" / "runs" / "kerkouche21-table3")
+    text = (REPO / "results" / "kerkouche21" / "table3.template.md").read_text()
+    (root / "results" / "kerkouche21" / "table3.template.md").write_text(text + "\n## Notes\n\nhand-written notes.\n")
+    start, end = markers("kerkouche21_table3")
     (root / "README.md").write_text(f"# A README\n\nWhat held:\n\n{start}\nold verdicts\n{end}\n\nThe end.\n")
-    _synthetic_table3(root / "results" / "k" / "runs" / "t3")
     return root
 
 
-@pytest.mark.parametrize("figure", ["acc.svg", "acc.png"])
-def test_a_report_regenerates_from_its_export_alone(tmp_path, figure):
-    root = _root_with_table3(tmp_path, figure)
-    assert main(["t3", "--root", str(root)]) == 0
-    md = (root / "results" / "k" / "table3.md").read_text()
-    fig = (root / "results" / "k" / figure).read_bytes()
-    assert main(["t3", "--root", str(root), "--check"]) == 0  # built again: the same bytes
-    assert (root / "results" / "k" / figure).read_bytes() == fig
+def test_a_report_regenerates_from_its_export_alone(tmp_path):
+    root = _root_with_table3(tmp_path)
+    assert main(["kerkouche21_table3", "--root", str(root)]) == 0
+    out = root / "results" / "kerkouche21"
+    md, fig = (out / "table3.md").read_text(), (out / "table3_accuracy.svg").read_bytes()
+    assert main(["kerkouche21_table3", "--root", str(root), "--check"]) == 0  # built again: the same bytes
+    assert (out / "table3_accuracy.svg").read_bytes() == fig and fig.startswith(b"<?xml")
 
-    assert f"![test accuracy per round]({figure})" in md and md.rstrip().endswith("hand-written notes.")
+    assert "![test accuracy per round](table3_accuracy.svg)" in md and md.rstrip().endswith("hand-written notes.")
     assert "| FL-STD | 1 | 0.91† |" in md and "† inferred, not stated in the paper" in md
     assert "Cells: 40 expected; 40 with ≥ 3 seeds, 0 with 1–2, 0 without runs." in md
-    assert ("Runs: 141 in the export `results/k/runs/t3.runs.csv.gz`; 140 in the tables (left out: 1 not matching "
-            "status = FINISHED)") in md
+    assert ("Runs: 141 in the export `results/kerkouche21/runs/kerkouche21-table3.runs.csv.gz`; 140 in the tables "
+            "(left out: 1 not matching status = FINISHED)") in md
     # the claims read each server-options group; with 3 seeds and clear gaps they are decided
     assert "- with DP, FL-CS at r = 0.05 beats FL-STD-DP [server options on]: **not met**" in md
     assert "- FL-CS outperforms FL-RND and FL-FREQ without DP at r = 0.05 [server options off]: **met**" in md
     assert "[paper's setup]: **inconclusive (fewer than 3 seeds)**" in md
-    assert "| scheme | r | server options | best accuracy | round | Cost r·n·32·Round·C, MB |" in md  # drop_empty
+    assert "| scheme | r | server options | best accuracy | round | Cost r·n·32·Round·C, MB |" in md  # empty columns dropped
     assert "| FL-STD | 1 | server options off | " in md
     assert "| 22.18 | 548.7 | 0.0915 | 0.90 | 0.69 | 0.99 | 1.13 | 0.2 |" in md
 
 
-
 def test_check_notices_a_changed_export_and_out_writes_elsewhere(tmp_path, capsys):
-    root = _root_with_table3(tmp_path, None)
-    assert main(["t3", "--root", str(root)]) == 0
-    md = (root / "results" / "k" / "table3.md").read_bytes()
-    assert main(["t3", "--root", str(root), "--out", str(tmp_path / "elsewhere")]) == 0
+    root = _root_with_table3(tmp_path)
+    assert main(["kerkouche21_table3", "--root", str(root)]) == 0
+    md = (root / "results" / "kerkouche21" / "table3.md").read_bytes()
+    assert main(["kerkouche21_table3", "--root", str(root), "--out", str(tmp_path / "elsewhere")]) == 0
     assert (tmp_path / "elsewhere" / "table3.md").read_bytes() == md
-    prefix = root / "results" / "k" / "runs" / "t3"
+    prefix = root / "results" / "kerkouche21" / "runs" / "kerkouche21-table3"
     runs, points = ex.read_export(prefix)
     runs[3]["metrics.summary/best_test_accuracy"] += 0.01
     ex.paths(prefix)[0].write_bytes(ex.encode(runs, points)[0])
     capsys.readouterr()
-    assert main(["t3", "--root", str(root), "--check"]) == 1
-    assert "results/k/table3.md differs" in capsys.readouterr().err
-    assert (root / "results" / "k" / "table3.md").read_bytes() == md  # --check writes nothing
+    assert main(["kerkouche21_table3", "--root", str(root), "--check"]) == 1
+    assert "results/kerkouche21/table3.md differs" in capsys.readouterr().err
+    assert (root / "results" / "kerkouche21" / "table3.md").read_bytes() == md  # --check writes nothing
 
 
 def test_readme_verdicts_are_the_claims_and_check_catches_a_hand_edit(tmp_path, capsys):
     """README.md's claims block is generated from the same claims as the report; a verdict edited by hand, or a
     missing block, is caught."""
-    root = _root_with_table3(tmp_path, None)
-    assert main(["t3", "--root", str(root)]) == 0
+    root = _root_with_table3(tmp_path)
+    assert main(["kerkouche21_table3", "--root", str(root)]) == 0
     text = (root / "README.md").read_text()
-    md = (root / "results" / "k" / "table3.md").read_text()
+    md = (root / "results" / "kerkouche21" / "table3.md").read_text()
     assert text.startswith("# A README\n\nWhat held:\n\n") and text.endswith("\n\nThe end.\n")
-    assert "old verdicts" not in text and "Claims checked by [table3.md](results/k/table3.md)" in text
+    assert "old verdicts" not in text and "Claims checked by [table3.md](results/kerkouche21/table3.md)" in text
     line = "- with DP, FL-CS at r = 0.05 beats FL-STD-DP [server options on]: **not met**"
     assert line + "\n" in text and line + " — " in md  # the same verdict in both (the numbers in the report)
     assert text.count("\n- ") == md.split("## The paper's claims")[1].split("## ")[0].count("\n- ")
-    assert main(["t3", "--root", str(root), "--check"]) == 0
+    assert main(["kerkouche21_table3", "--root", str(root), "--check"]) == 0
     (root / "README.md").write_text(text.replace(line, line.replace("**not met**", "**met**")))
-    assert main(["t3", "--root", str(root), "--check"]) == 1
+    assert main(["kerkouche21_table3", "--root", str(root), "--check"]) == 1
     assert "README.md differs from what the export gives" in capsys.readouterr().err
     (root / "README.md").write_text("# A README without the block\n")
-    assert main(["t3", "--root", str(root)]) == 2
+    assert main(["kerkouche21_table3", "--root", str(root)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "README.md has no claims block for t3" in err and "\n" not in err
+    assert "README.md has no claims block for kerkouche21_table3" in err and "\n" not in err
 
 
-def test_every_spec_with_claims_has_its_block_in_the_readme():
-    text = (REPO / "README.md").read_text()
-    with_claims = [t for t in SPECS if load_spec(spec_path(t, REPO)).claims]
-    assert with_claims and sorted(readme.names_in(text)) == sorted(with_claims)
-
-
-def test_a_missing_export_or_bad_spec_is_one_line(tmp_path, capsys):
-    root = _root_with_table3(tmp_path, None)
-    shutil.rmtree(root / "results" / "k" / "runs")
-    assert main(["t3", "--root", str(root)]) == 2
+def test_a_missing_export_or_an_unknown_report_is_one_line(tmp_path, capsys):
+    root = _root_with_table3(tmp_path)
+    shutil.rmtree(root / "results" / "kerkouche21" / "runs")
+    assert main(["kerkouche21_table3", "--root", str(root)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("fedrun report: error:") and "results/k/runs/t3.runs.csv.gz not found" in err
+    assert err.startswith("fedrun report: error:") and "kerkouche21-table3.runs.csv.gz not found" in err
     assert "\n" not in err
-    spec = root / "conf" / "report" / "t3.yaml"
-    spec.write_text(spec.read_text().replace("rows:\n  - scheme\n  - r\n", "rows:\n  - scheme\n  - ratio\n", 1))
-    assert main(["t3", "--root", str(root)]) == 2
+    assert main(["table3", "--root", str(root)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "t3.yaml: tables[0].rows: 'ratio' is not a dim" in err and "\n" not in err
-
-
-# ------------------------------------------------------------------- tables made by a script from committed data
-def test_the_script_made_tables_regenerate_from_their_committed_data(load_script):
-    """The two results tables that are analyses of committed run data rather than spec reports: FL-STD-DP read
-    the paper's way (scripts/kerkouche21_stopping.py, from Table III's and the model-size sweep's exports) and
-    the privacy audit (scripts/audit_table.py, from its committed records)."""
-    import json
-
-    from fedrun.export import load
-
-    stopping = load_script("kerkouche21_stopping")
-    out = REPO / "results" / "kerkouche21"
-    text = stopping.render(stopping.rows(load(stopping.EXPORTS)))
-    assert text == (out / "fl_std_dp_stopping.md").read_text(), \
-        "python scripts/kerkouche21_stopping.py --out results/kerkouche21/fl_std_dp_stopping.md"
-    audit = load_script("audit_table")
-    assert audit.render(json.loads((out / "audit_runs.json").read_text())) == (out / "audit.md").read_text(), \
-        "python scripts/audit_table.py"
+    assert "no report 'table3'; reports: kerkouche21_table3" in err and "\n" not in err

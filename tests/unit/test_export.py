@@ -141,10 +141,11 @@ def test_loading_an_export_and_building_a_report_never_imports_mlflow(tmp_path):
     a, b = ex.encode(runs, points)
     ex.paths(tmp_path / "e")[0].write_bytes(a)
     ex.paths(tmp_path / "e")[1].write_bytes(b)
-    code = ("import sys; from fedrun.export import load; from fedrun.reports import build, spec; "
-            f"recs = load({str(tmp_path / 'e')!r}); "
-            "s = spec.parse({'title': 'T', 'output': 'o.md', 'exports': ['e'], 'dims': {'s': {'from': 'tags.scheme'}}, "
-            "'values': {'acc': 'metrics.best_test_accuracy'}, 'tables': [{'rows': ['s'], 'cells': [{'value': 'acc'}]}]}); "
-            "assert 'fl_cs' in build.render(s, recs); assert 'mlflow' not in sys.modules, 'mlflow imported'")
+    code = ("import sys, pathlib; from fedrun.reports import common as c; "
+            f"df = c.load(pathlib.Path({str(tmp_path)!r}), [c.Export('e', 'e')]); "
+            "df['s'] = c.column(df, 'tags.scheme'); df['seed'] = c.column(df, 'params.seed', kind=int); "
+            "rep = c.Report('t', pathlib.Path('.'), 'o.md', [], df, c.dims(s={}, seed={})); "
+            "assert 'fl_cs' in rep.table(['s'], [c.Cell(value='metrics.best_test_accuracy')]); "
+            "assert 'mlflow' not in sys.modules, 'mlflow imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -1,4 +1,14 @@
-"""scripts/kerkouche21_stopping.py: which FL-STD-DP runs it reads, and the reading its rule gives."""
+"""FL-STD-DP read the paper's way (fedrun.reports.kerkouche21.stopping): which runs it reads, and the reading its
+rule gives."""
+
+import pandas as pd
+
+from fedrun.reports import kerkouche21 as k
+
+
+class script:  # the functions under test, by their short names
+    rows = staticmethod(lambda records: k.stopping_rows(pd.DataFrame(records)))
+    render = staticmethod(k.stopping_text)
 
 
 def _rec(seed, opts, acc, scheme="fl_std", dp="client"):
@@ -8,8 +18,7 @@ def _rec(seed, opts, acc, scheme="fl_std", dp="client"):
             "metrics.best_round": 200.0}
 
 
-def test_reads_fl_std_dp_as_published_and_applies_its_rule(load_script):
-    script = load_script("kerkouche21_stopping")
+def test_reads_fl_std_dp_as_published_and_applies_its_rule():
     records = [_rec(0, "off", (0.45, 0.58, 0.61, 0.78)), _rec(1, "off", (0.46, 0.59, 0.62, 0.77)),
                _rec(0, "on", (0.47, 0.45, 0.29, 0.1)),  # server momentum: not FL-STD as published
                _rec(0, "off", (0.4, 0.5, 0.6, 0.7), scheme="fl_cs"), _rec(0, "off", (0.5, 0.6, 0.7, 0.8), dp="off")]
@@ -22,8 +31,7 @@ def test_reads_fl_std_dp_as_published_and_applies_its_rule(load_script):
     assert "does not explain" in script.render(far)
 
 
-def test_the_model_size_reading(load_script):
-    script = load_script("kerkouche21_stopping")
+def test_the_model_size_reading():
     small = [_rec(s, "off", (0.45, 0.58, 0.61, b)) for s, b in ((0, 0.78), (1, 0.79), (2, 0.80))]
 
     def large(best):
