@@ -9,6 +9,10 @@
   scheme transmits (full update, m DCT coefficients as in paper 000 Sec. III-B2, a flattened sketch). This is
   fedrun's only implementation of the client-level DP sum; the simulation's DP path builds it.
 
+Both take an optional ``field`` (:class:`fedrun.secagg.FieldQuantizer`, secure aggregation): each row that would
+be added (weighted; clipped under DP) is quantised to Z_{2^bits} and summed there, and the sum is decoded before
+the noise and the division; :meth:`quantization` reports the largest deviation from the real sum beside its bound.
+
 Both are pure tensor math; they know nothing about schemes or tracking.
 """
 
@@ -20,12 +24,46 @@ import torch
 from fedrun.privacy.mechanisms import clip_rows, gaussian_noise
 
 
-class WeightedSum:
+class FieldSum:
+    """Σ of rows, in float32 or, with a ``field``, in Z_{2^bits} (then decoded); the real sum is kept beside the
+    field's for the quantisation report."""
+
+    def __init__(self, dim: int, device: torch.device | str, field=None, dtype: torch.dtype = torch.float32) -> None:
+        self.field = field
+        # with a field, the real sum is kept in float64 for the quantisation report only
+        self.total = torch.zeros(int(dim), device=device, dtype=dtype if field is None else torch.float64)
+        self.acc = torch.zeros(int(dim), device=device, dtype=torch.int64) if field is not None else None
+        self.rows = 0
+        self.field_clipped = 0  # coordinates the field's range clipped
+
+    def add_rows(self, rows: torch.Tensor) -> None:
+        self.total += rows.sum(0, dtype=self.total.dtype)
+        self.rows += rows.shape[0]
+        if self.field is not None:  # each client's masked vector, added into the field one by one
+            for row in self.field.encode(rows):
+                self.acc = self.field.add(self.acc, row)
+            self.field_clipped += self.field.clipped
+
+    def sum(self) -> torch.Tensor:
+        return self.total if self.field is None else self.field.decode(self.acc)
+
+    def quantization(self) -> dict[str, float]:
+        """max |field sum − real sum| and the field's bound for the rows summed (empty without a field)."""
+        if self.field is None:
+            return {}
+        # the field's bound plus the float32 rounding of the decoded sum (half an ulp at its largest value)
+        bound = self.field.bound(self.rows) + float(self.total.abs().max()) * 2.0 ** -24 if self.rows else 0.0
+        return {"secagg_quantization_error": float((self.sum() - self.total).abs().max()) if self.rows else 0.0,
+                "secagg_quantization_bound": float(bound),
+                "secagg_clipped_values": float(self.field_clipped)}
+
+
+class WeightedSum(FieldSum):
     """Σ_k w_k x_k over rows added in order; ``weights`` is aligned with the order of the rows."""
 
-    def __init__(self, weights: np.ndarray, dim: int, device: torch.device | str) -> None:
+    def __init__(self, weights: np.ndarray, dim: int, device: torch.device | str, field=None) -> None:
+        super().__init__(dim, device, field)
         self.weights = torch.as_tensor(np.asarray(weights, dtype=np.float32), device=device)
-        self.total = torch.zeros(int(dim), device=device)
         self.seen = 0
 
     def add(self, rows: torch.Tensor) -> None:
@@ -33,20 +71,24 @@ class WeightedSum:
         w = self.weights[self.seen:self.seen + k]
         if w.shape[0] != k:
             raise ValueError(f"more rows ({self.seen + k}) than weights ({len(self.weights)})")
-        self.total += w @ rows
+        if self.field is None:
+            self.total += w @ rows
+        else:
+            self.add_rows(w[:, None] * rows)
         self.seen += k
 
     def finish(self) -> torch.Tensor:
         if self.seen != len(self.weights):
             raise ValueError(f"expected {len(self.weights)} rows, got {self.seen}")
-        return self.total
+        return self.sum()
 
 
-class ClientLevelDPSum:
+class ClientLevelDPSum(FieldSum):
     """Clip each row to ``clipping_norm``, sum, add N(0, σ²S²), divide by ``expected_clients``."""
 
     def __init__(self, dim: int, clipping_norm: float, noise_multiplier: float, expected_clients: float,
-                 generator: torch.Generator, device: torch.device | str, dtype: torch.dtype = torch.float32) -> None:
+                 generator: torch.Generator, device: torch.device | str, dtype: torch.dtype = torch.float32,
+                 field=None) -> None:
         if not clipping_norm > 0:
             raise ValueError(f"clipping_norm={clipping_norm} must be > 0")
         if noise_multiplier < 0:
@@ -57,23 +99,23 @@ class ClientLevelDPSum:
         self.noise_multiplier = float(noise_multiplier)
         self.expected_clients = float(expected_clients)
         self.generator = generator
-        self.total = torch.zeros(int(dim), device=device, dtype=dtype)
+        super().__init__(dim, device, field, dtype)
+        self.dtype = dtype
         self.clipped = 0
         self.seen = 0
         self.norm_sum = 0.0
 
     def add(self, rows: torch.Tensor) -> None:
         clipped, norms = clip_rows(rows, self.clipping_norm)
-        self.total += clipped.sum(0)
+        self.add_rows(clipped)
         self.seen += rows.shape[0]
         self.clipped += int((norms > self.clipping_norm).sum())
         self.norm_sum += float(norms.sum())
 
     def finish(self) -> torch.Tensor:
         std = self.noise_multiplier * self.clipping_norm
-        noise = gaussian_noise(self.total.shape, std, self.generator, device=self.total.device,
-                               dtype=self.total.dtype)
-        return (self.total + noise) / self.expected_clients
+        noise = gaussian_noise(self.total.shape, std, self.generator, device=self.total.device, dtype=self.dtype)
+        return (self.sum() + noise) / self.expected_clients
 
     def diagnostics(self) -> dict[str, float]:
         return {

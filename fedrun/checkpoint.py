@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from fedrun.config import VOLATILE, ConfigError
+from fedrun.config import VOLATILE, ConfigError, deployment_keys
 
 CHECKPOINT = "checkpoint.pt"
 SIDECAR = "checkpoint.json"
@@ -46,7 +46,8 @@ def config_hash(c: dict) -> str:
     the same hash ran the same experiment, so a sweep with ``skip_finished=true`` need not run it twice."""
     import hashlib
 
-    keep = {k: v for k, v in c.items() if k not in UNHASHED}
+    keep = {k: v for k, v in c.items() if k not in UNHASHED and k not in ("network", "secagg")}
+    keep.update(deployment_keys(c))
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -75,6 +76,7 @@ def save_checkpoint(out_dir: Path, built, loop, run_id: str | None, finished: bo
         "local_dp": sim.local_dp.state_dict() if sim.local_dp is not None else None,
         "canaries": sim.canaries.state_dict() if sim.canaries is not None else None,
         "ledger": sim.ledger.state_dict(),
+        "deployment": sim.deployment.state_dict() if sim.deployment is not None else None,
         "loop": {"rows": loop.rows, "best": loop.best, "best_val": loop.best_val,
                  "since_best": loop.since_best, "stopped": loop.stopped, "round": loop.round},
     }
@@ -107,6 +109,8 @@ def load_into(path: Path, built, loop) -> dict:
     if state.get("canaries") is not None:  # made now (their length is the payload's), then restored
         sim.privatizer.make_canaries(int(state["canaries"]["dim"])).load_state_dict(state["canaries"])
     sim.ledger.load_state_dict(state["ledger"])
+    if state.get("deployment") is not None:
+        sim.deployment.load_state_dict(state["deployment"])
     for k, v in state["loop"].items():
         setattr(loop, k, v)
     return state

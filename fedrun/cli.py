@@ -103,5 +103,27 @@ def main(cfg: DictConfig) -> float | None:
     return summary[key] if key else None
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The ``fedrun`` command: Hydra's app; after ``--cfg job`` (or ``all``) prints the config, the ε that config
+    would spend under its cohort sampling, beside the other sampling's (:func:`fedrun.run.privacy_report`)."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(sys.argv[1:])
     main()
+    if args.cfg in ("job", "all") and not args.multirun:
+        from hydra import compose, initialize_config_dir
+
+        from fedrun.config import ConfigError
+        from fedrun.run import privacy_report
+
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("config", overrides=list(args.overrides))
+        try:
+            print("# " + privacy_report(OmegaConf.to_container(cfg, resolve=True)))
+        except ConfigError as exc:
+            print(f"fedrun: error: {exc}", file=sys.stderr)
+            sys.exit(2)
+
+
+if __name__ == "__main__":
+    entry()

@@ -56,6 +56,10 @@ class Ledger:
     #: ``once=True`` (the same content to every client that ever needs it) counts once over the run
     broadcast_total: int = 0
     broadcast_once: set[str] = field(default_factory=set)
+    #: secure aggregation's own bytes (keys, shares, unmasking; :mod:`fedrun.secagg`), apart from the uploads above;
+    #: None until a round records them (``secagg=none``: no such metrics)
+    secagg_uplink_total: int | None = None
+    secagg_downlink_total: int | None = None
 
     def start_round(self) -> None:
         self.uplink_round = 0
@@ -85,18 +89,28 @@ class Ledger:
         self.by_kind["down:" + message.kind] += b
         self.messages_round += int(count)
 
+    def secagg(self, uplink: float, downlink: float) -> None:
+        """Record one round's secure-aggregation bytes, all clients together (client → server, server → client)."""
+        self.secagg_uplink_total = (self.secagg_uplink_total or 0) + int(uplink)
+        self.secagg_downlink_total = (self.secagg_downlink_total or 0) + int(downlink)
+
     def metrics(self) -> dict[str, float]:
-        return {
+        out = {
             "uplink_bytes": float(self.uplink_round),
             "uplink_bytes_total": float(self.uplink_total),
             "downlink_bytes": float(self.downlink_round),
             "downlink_bytes_total": float(self.downlink_total),
         }
+        if self.secagg_uplink_total is not None:
+            out["secagg_uplink_bytes_total"] = float(self.secagg_uplink_total)
+            out["secagg_downlink_bytes_total"] = float(self.secagg_downlink_total)
+        return out
 
     def state_dict(self) -> dict:
         return {"uplink_total": self.uplink_total, "downlink_total": self.downlink_total,
                 "by_kind": dict(self.by_kind), "uplink_messages_total": self.uplink_messages_total,
-                "broadcast_total": self.broadcast_total, "broadcast_once": sorted(self.broadcast_once)}
+                "broadcast_total": self.broadcast_total, "broadcast_once": sorted(self.broadcast_once),
+                "secagg": [self.secagg_uplink_total, self.secagg_downlink_total]}
 
     def load_state_dict(self, state: dict) -> None:
         self.uplink_total = int(state["uplink_total"])
@@ -105,6 +119,7 @@ class Ledger:
         self.uplink_messages_total = int(state.get("uplink_messages_total", 0))
         self.broadcast_total = int(state.get("broadcast_total", 0))
         self.broadcast_once = set(state.get("broadcast_once", ()))
+        self.secagg_uplink_total, self.secagg_downlink_total = state.get("secagg", (None, None))
 
 
 def paper_cost_bits(r: float, n: int, rounds: int, sampling_fraction: float) -> float:

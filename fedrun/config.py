@@ -332,7 +332,70 @@ def resolve_defaults(c: dict[str, Any], scheme_cls: type, model_table: Mapping[s
             notes.append(f"local_clip={float(zeta):g}: ζ tuned for model={model} (conf/model/{model}.yaml)")
     if c.get("local_clip_ord") is None:
         c["local_clip_ord"] = 1 if mode == "local_laplace" else 2
+    resolve_deployment(c, scheme_cls)
     return notes
+
+
+SECAGG = ("none", "secagg", "secagg_plus")
+OVER_SELECTING_SAMPLERS = ("PoissonSampler", "UniformSampler", "CappedPoissonSampler")
+
+
+def resolve_deployment(c: dict[str, Any], scheme_cls: type) -> None:
+    """``network=`` and ``secagg=`` (:mod:`fedrun.deployment`), checked in one line each, in place: SecAgg's range
+    defaults to S under client-level DP. Runs after the DP mode is resolved."""
+    from fedrun.schemes.transfer import FbFTL
+
+    scheme = _scheme_name(c)
+    sec = c.setdefault("secagg", {"name": "none"})
+    net = c.setdefault("network", {"name": "none"})
+    if sec.get("name") not in SECAGG:
+        raise ConfigError(f"secagg={sec.get('name')!r} is not allowed; use {', '.join(SECAGG)}")
+    own = issubclass(scheme_cls, FbFTL)
+    for group, value in (("network", net.get("name")), ("secagg", sec.get("name"))):
+        if own and value != "none":
+            raise ConfigError(f"{group}={value} is not available with scheme={scheme}: FbFTL's protocol (features "
+                              f"uploaded once, then server training) is not the federated round; use {group}=none")
+    if sec.get("name") != "none":
+        name = sec["name"]
+        if not getattr(scheme_cls, "linear", True) or getattr(scheme_cls, "queries", False):
+            why = "its encoding is not linear" if not scheme_cls.linear else "its second exchange is not a sum"
+            raise ConfigError(f"secagg={name} sums uploads in a finite field, so the encoding must be linear; "
+                              f"scheme={scheme}: {why}; use secagg=none")
+        bits = sec.get("bits")
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 8 <= bits <= 62:
+            raise ConfigError(f"secagg.bits={bits!r} is not allowed; use an integer in [8, 62]")
+        clip = sec.get("clip")
+        if clip is None and dp_mode(c.get("dp")) == "client":
+            sec["clip"] = float(c["clipping_norm"])
+        elif isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0:
+            raise ConfigError(f"secagg.clip={clip!r}: the field's quantisation range [-clip, clip] must be a number "
+                              f"> 0 (null means S, with dp=true only)")
+        from fedrun.secagg import secagg_cost
+
+        for key in ("dropout", "corrupt"):
+            v = sec.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ConfigError(f"secagg.{key}={v!r} must be a number in [0, 1)")
+        try:  # the protocol's own checks of (dropout, corrupt) on a probe cohort
+            secagg_cost(name, 100, 1, bits, float(sec["dropout"]), float(sec["corrupt"]))
+        except ValueError as exc:
+            raise ConfigError(f"secagg={name}: {exc}") from None
+    if net.get("name") != "none":
+        from fedrun.deployment import profile_of
+
+        try:
+            profile = profile_of(net)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        sampler = str(c.get("sampler", {}).get("_target_", "")).rsplit(".", 1)[-1]
+        if profile.over_selection != 1 and sampler not in OVER_SELECTING_SAMPLERS:
+            raise ConfigError(f"network.over_selection={profile.over_selection:g} needs a sampler that can draw more "
+                              f"clients (poisson, uniform, poisson_capped); got sampler={c['sampler'].get('name', sampler)}")
+
+
+def deployment_keys(c: Mapping[str, Any]) -> dict[str, Any]:
+    """``network`` and ``secagg`` where they are on (a config without them hashes as before they existed)."""
+    return {k: c[k] for k in ("network", "secagg") if (c.get(k) or {}).get("name", "none") != "none"}
 
 
 SERVER_OPTS = ("paper", "on", "off")
@@ -492,6 +555,8 @@ class RunConfig:
     resume: Any  # false, true (the newest unfinished run of this config), a run folder or an MLflow run id
     tracking_uri: str | None
     run_name: str | None
+    network: Mapping[str, Any] = field(default_factory=lambda: {"name": "none"})
+    secagg: Mapping[str, Any] = field(default_factory=lambda: {"name": "none"})
     record: Mapping[str, Any] = field(repr=False, default_factory=dict)
 
 

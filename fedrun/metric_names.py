@@ -12,12 +12,13 @@ from __future__ import annotations
 KEY_METRICS = ("test_accuracy", "test_mse", "test_loss", "train_loss", "val_accuracy", "val_mse", "epsilon",
                "audit_epsilon_lower",
                "uplink_bytes_total", "uplink_bytes", "downlink_bytes_total", "downlink_bytes", "cost_bits",
-               "round_seconds")
+               "round_seconds", "sim_time_s", "secagg_uplink_bytes_total", "secagg_downlink_bytes_total")
 #: The run summary's own numbers (one value at the last round): ``summary/…``.
 SUMMARY = "summary/"
 SUMMARY_METRICS = ("best_test_accuracy", "best_test_mse", "best_round", "cost_bits_at_best", "uplink_bytes_at_best",
                    "rounds_completed", "uplink_bytes_final", "downlink_bytes_final", "epsilon_final",
-                   "epsilon_at_best", "stopped_round")
+                   "epsilon_at_best", "stopped_round", "sim_time_s_final", "time_to_accuracy_s", "time_to_epsilon_s",
+                   "secagg_failed_rounds")
 #: Diagnostics with a name of their own (the rest follow :data:`PREFIX_RULES`).
 RENAMED = {
     "clients": "sampling/clients",
@@ -34,7 +35,7 @@ RENAMED = {
 #: fedrun name prefix → MLflow group (client-level DP, local DP, the FL-CS decoder, …).
 PREFIX_RULES = (("audit_", "audit/"), ("partition_", "partition/"), ("ldp_", "local_dp/"), ("dp_", "dp/"), ("cs_", "decoder/"),
                 ("server_", "server/"), ("source_", "transfer/source_"), ("label_", "leakage/label_"),
-                ("paper_", "comm/paper_"))
+                ("paper_", "comm/paper_"), ("clock_", "clock/"), ("secagg_", "secagg/"))
 OTHER = "other/"  # a metric nobody placed yet (tests/unit/test_tracking.py fails on it)
 _UNRENAMED = {v: k for k, v in RENAMED.items()}
 

@@ -28,6 +28,7 @@ from fedrun.data.sources import load_dataset
 from fedrun.models.flat import FlatParams
 from fedrun.models.nets import IMAGE_MODELS, build_model
 from fedrun.rng import numpy_rng
+from fedrun.sampling import over_select
 from fedrun.schemes.transfer import FbFTL
 from fedrun.simulation import AuditSettings, ClientDP, Simulation
 from fedrun.training import ClientData, LocalSpec
@@ -110,10 +111,12 @@ def make_model(name: str, dataset) -> tuple[torch.nn.Module, str]:
     return build_model(name, num_classes=int(dataset.num_classes)), name
 
 
-def make_client_dp(cfg: RunConfig, sampler) -> ClientDP:
+def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0) -> ClientDP:
     """Client-level DP for the sampler's cohorts: Poisson (add/remove-one, RDP or PLD), fixed-size k of N without
     replacement (``sampler=uniform``: replace-one, RDP; the sum divided by k) or Poisson capped at a cohort size
-    (``sampler=poisson_capped``: add/remove-one, PLD). σ calibrated to ``epsilon`` or given; logs the ε report."""
+    (``sampler=poisson_capped``: add/remove-one, PLD). σ calibrated to ``epsilon`` or given; logs the ε report.
+    ``sampler`` is the one that draws the cohorts (over-selected, if it is): its q is what the accountant uses, while
+    the sum's denominator stays the target cohort (÷ ``over_selection``; :mod:`fedrun.deployment`)."""
     from fedrun.privacy.accounting import calibrate_noise_multiplier, check_sampling_accountant, compute_epsilon
 
     sampling, n = sampler.dp_sampling, sampler.num_clients
@@ -132,6 +135,7 @@ def make_client_dp(cfg: RunConfig, sampler) -> ClientDP:
         q = sampler.probability
         cohort = {"sampling": sampling, "num_clients": n, "cohort_size": sampler.max_clients}
         denominator = sampler.expected_clients  # E[min(Binomial(N, q), cap)]: the sum ÷ it is unbiased
+    denominator /= float(over_selection)
     delta, acct, rounds = float(cfg.delta), cfg.accountant, cfg.rounds
     eps, sigma = cfg.epsilon, cfg.noise_multiplier
     try:
@@ -158,7 +162,23 @@ def make_client_dp(cfg: RunConfig, sampler) -> ClientDP:
     return dp
 
 
-def epsilon_report(dp: ClientDP, rounds: int) -> str:
+def privacy_report(c: dict) -> str:
+    """What ``fedrun --cfg job`` prints below the config: the ε this config would spend under its cohort sampling,
+    with the other sampling's ε beside it (:func:`epsilon_report`), computed before any data is loaded."""
+    cfg = load(c)
+    if cfg.dp != "client":
+        return f"dp: {cfg.dp} (no client-level accountant)"
+    if cfg.num_clients is None:
+        return "dp: ε is reported when the run starts (num_clients=null: the dataset's own clients, known once loaded)"
+    sampler = _instantiate(cfg.sampler, num_clients=cfg.num_clients)
+    profile = network_profile(cfg)
+    factor = profile.over_selection if profile is not None else 1.0
+    if factor != 1:
+        sampler = over_select(sampler, factor)
+    return epsilon_report(make_client_dp(cfg, sampler, factor), cfg.rounds, compare=True)
+
+
+def epsilon_report(dp: ClientDP, rounds: int, compare: bool = False) -> str:
     """One line: the ε the run will have spent after ``rounds`` rounds under its cohort sampling, and — for a
     fixed-size or capped cohort — what Poisson sampling at the same σ and q would give (the price of the sampling).
     Both from the accountants the run uses (``compute_epsilon``); one PLD composition at most per number."""
@@ -175,10 +195,43 @@ def epsilon_report(dp: ClientDP, rounds: int) -> str:
     line = (f"dp: {how}, {acct.upper()} ({relation}): ε = {eps:.4g} after {rounds} rounds "
             f"(σ = {sigma:.4g}, δ = {delta:g})")
     if dp.sampling == "poisson":
-        return line
+        if not compare or n is None and dp.expected_clients < 1:
+            return line
+        k = max(1, round(dp.expected_clients))  # the same expected cohort, drawn as k of N without replacement
+        fixed = compute_epsilon(sigma, k / round(k / q), rounds, delta, "rdp", sampling="fixed_size",
+                                num_clients=round(k / q), cohort_size=k)
+        return (f"{line}; a fixed-size cohort of {k} of {round(k / q)} (sampler=uniform) would give ε = {fixed:.4g} "
+                f"(RDP, replace-one, sensitivity 2S)")
     poisson = " / ".join(f"{compute_epsilon(sigma, q, rounds, delta, a):.4g} ({a.upper()})"
                          for a in (("rdp", "pld") if dp.sampling == "fixed_size" else ("pld",)))
     return f"{line}; Poisson at q = {q:.4g} would give ε = {poisson} (add/remove-one)"
+
+
+def network_profile(cfg: RunConfig):
+    """``network=``'s profile (:class:`fedrun.network.Profile`), None for ``network=none``."""
+    if cfg.network.get("name", "none") == "none":
+        return None
+    from fedrun.deployment import profile_of
+
+    return profile_of(dict(cfg.network))
+
+
+def make_deployment(cfg: RunConfig, profile, model, x_train, y_train, parts, spec: LocalSpec, loss: str,
+                    report_goal: int | None = None):
+    """The clock and secure aggregation of the round (:mod:`fedrun.deployment`); None when both are off."""
+    sec = cfg.secagg
+    if profile is None and sec.get("name", "none") == "none":
+        return None
+    from fedrun.deployment import Deployment, SecAggSettings, train_flops_per_sample
+
+    settings = (SecAggSettings(sec["name"], int(sec["bits"]), float(sec["clip"]), float(sec["dropout"]),
+                               float(sec["corrupt"]))
+                if sec.get("name", "none") != "none" else None)
+    sizes = np.array([len(p) for p in parts], dtype=np.float64)
+    samples = spec.steps * (sizes if spec.mode == "gd" else np.minimum(spec.batch_size, sizes))
+    flops = train_flops_per_sample(model, x_train[:1], y_train[:1], loss) if profile is not None else 0.0
+    return Deployment(profile, settings, num_clients=len(parts), seed=cfg.seed, flops_per_sample=flops,
+                      samples=samples, report_goal=report_goal)
 
 
 def make_audit(cfg: RunConfig) -> AuditSettings | None:
@@ -265,8 +318,14 @@ def build(c: dict | RunConfig) -> Built:
                      clip_norm=cfg.local_clip, loss=loss, clip_mode=cfg.local_clip_mode, clip_ord=cfg.local_clip_ord)
     sampler = _instantiate(cfg.sampler, num_clients=len(parts))
     scheme = _instantiate({k: v for k, v in cfg.scheme.items() if k != "name"})
+    profile = network_profile(cfg)
+    factor = profile.over_selection if profile is not None else 1.0
+    goal = None  # over-selected: the round closes once the target cohort has reported
+    if factor != 1:
+        goal = math.ceil(sampler.expected_clients)
+        sampler = over_select(sampler, factor)
     mode = cfg.dp
-    client_dp = make_client_dp(cfg, sampler) if mode == "client" else None
+    client_dp = make_client_dp(cfg, sampler, factor) if mode == "client" else None
     local_dp = None
     trainable, facts = None, None
     try:  # the modules below raise ValueError for a setting they refuse: here, at the edge, a config error
@@ -286,7 +345,9 @@ def build(c: dict | RunConfig) -> Built:
                          chunk_size=cfg.chunk_size, workers=resolve_workers(cfg.workers, device),
                          vectorized=cfg.vectorized, batched_layers=cfg.batched_layers,
                          client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val, layout=layout,
-                         audit=make_audit(cfg), frozen_numel=0 if isinstance(scheme, FbFTL) else frozen)
+                         audit=make_audit(cfg), frozen_numel=0 if isinstance(scheme, FbFTL) else frozen,
+                         deployment=make_deployment(cfg, profile, model, x_train, y_train, parts, spec, loss,
+                                                    report_goal=goal))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     names = {"dataset": dataset.name, "model": model_name, "partition": part_name,
@@ -520,6 +581,20 @@ def run_rounds(built: Built, tracker, out_dir: Path, loop: LoopState | None = No
         summary["epsilon_at_best"] = best["epsilon"]
     if loop.stopped is not None:
         summary["stopped_round"] = float(loop.stopped)
+    if "sim_time_s" in last:  # the simulated clock (network=…): when the targets were reached
+        from fedrun.network import time_to
+
+        times = [row.get("sim_time_s", math.nan) for row in loop.rows]
+        summary["sim_time_s_final"] = last["sim_time_s"]
+        targets = {"time_to_accuracy_s": (key, cfg.network.get("target_accuracy")),
+                   "time_to_epsilon_s": ("epsilon", cfg.network.get("target_epsilon"))}
+        for name, (metric, target) in targets.items():
+            if target is not None and metric in last:
+                sign = 1.0 if metric == "epsilon" or task == "classification" else -1.0
+                values = [sign * row.get(metric, math.nan) for row in loop.rows]
+                summary[name] = time_to(sign * float(target), values, times)
+    if "secagg_failed" in last:
+        summary["secagg_failed_rounds"] = float(sum(row.get("secagg_failed", 0.0) for row in loop.rows))
     return summary
 
 

@@ -161,3 +161,22 @@ class AllSampler(Sampler):
     @property
     def expected_clients(self) -> float:
         return float(self.num_clients)
+
+
+def over_select(sampler: Sampler, factor: float) -> Sampler:
+    """The same kind of sampler drawing ``factor`` ≥ 1 times as many clients (deployments over-select to absorb
+    dropouts): Poisson at min(1, f·C), a fixed-size cohort of ⌈f·k⌉, a capped Poisson at f·C capped at ⌈f·cap⌉. Each
+    client's inclusion probability rises accordingly, and client-level DP accounts the raised one."""
+    import math
+
+    f = float(factor)
+    if not f >= 1:
+        raise ValueError(f"over_selection={factor} must be >= 1")
+    n = sampler.num_clients
+    if isinstance(sampler, CappedPoissonSampler):
+        return CappedPoissonSampler(n, min(1.0, f * sampler.probability), min(n, math.ceil(f * sampler.max_clients)))
+    if isinstance(sampler, PoissonSampler):
+        return PoissonSampler(n, min(1.0, f * sampler.probability))
+    if isinstance(sampler, UniformSampler):
+        return UniformSampler(n, min(n, math.ceil(f * sampler.k)))
+    raise ValueError(f"over_selection={factor} needs sampler=poisson, uniform or poisson_capped; got {sampler.name}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -117,14 +118,15 @@ class Privatizer:
         dp = self.client_dp
         return None if dp is None else dp.noise_multiplier * dp.clipping_norm / dp.expected_clients
 
-    def open(self, rnd: int, clients: np.ndarray, weights: np.ndarray, dim: int):
+    def open(self, rnd: int, clients: np.ndarray, weights: np.ndarray, dim: int, field=None):
+        """The round's sum (``field``: summed in secure aggregation's Z_{2^bits}, :mod:`fedrun.secagg`)."""
         if self.client_dp is None:
             if self.local_dp is not None:
                 self.local_dp.start_round(clients, weights)
-            return WeightedSum(weights, dim, self.device)
+            return WeightedSum(weights, dim, self.device, field)
         dp = self.client_dp
         agg = ClientLevelDPSum(dim, dp.clipping_norm, self.noise_multiplier, dp.expected_clients,
-                               self.generator(rnd, "client_dp_noise"), self.device)
+                               self.generator(rnd, "client_dp_noise"), self.device, field=field)
         if self.audit is not None:  # the audit's canary clients upload through the same DP sum
             agg.add(self.make_canaries(dim).rows(self.generator(rnd, "audit_participation")))
         return agg
@@ -265,7 +267,7 @@ class Simulation:
                  client_dp: ClientDP | None = None, local_dp=None,
                  x_val: torch.Tensor | None = None, y_val: torch.Tensor | None = None,
                  layout: FlatParams | None = None, audit: AuditSettings | None = None,
-                 frozen_numel: int = 0) -> None:
+                 frozen_numel: int = 0, deployment=None) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.layout = layout or FlatParams(self.model)
@@ -288,6 +290,8 @@ class Simulation:
         self.frozen_numel = int(frozen_numel)
         self.holds_frozen = np.zeros(data.num_clients, dtype=bool)
         self.velocity: torch.Tensor | None = None  # server momentum
+        #: the clock and secure aggregation (:mod:`fedrun.deployment`); None = neither (network=none secagg=none)
+        self.deployment = deployment
         self._eval_model: nn.Module | None = None
         self.scheme = scheme
         self.client_codec = copy.deepcopy(scheme)  # the clients' side: nothing it keeps reaches the server's
@@ -349,23 +353,38 @@ class Simulation:
         ledger.start_round()
         clients = np.asarray(self.select(rnd) if clients is None else clients, dtype=np.int64)
         K = len(clients)
-        weights = self.weights(clients)
+        down = np.zeros(K)  # each selected client's download this round (the clock's input)
         if self.frozen_numel:  # the frozen f¹, once per client, the first time it takes part
-            new = clients[~self.holds_frozen[clients]]
-            ledger.downlink(Message.of_shape(self.frozen_numel, kind="extractor"), len(new), once=True)
-            self.holds_frozen[new] = True
+            fresh = ~self.holds_frozen[clients]
+            ledger.downlink(Message.of_shape(self.frozen_numel, kind="extractor"), int(fresh.sum()), once=True)
+            down += fresh * Message.of_shape(self.frozen_numel).nbytes
+            self.holds_frozen[clients] = True
         if server.broadcast == "model":
             ledger.downlink(Message.of_shape(self.n, kind="model"), K)
+            down += Message.of_shape(self.n).nbytes
+        elif server.broadcast == "aggregate":  # the latest aggregate, sent to every client after each round
+            down += Message.of_shape(server.payload_dim).nbytes
+        dep, message, field = self.deployment, server.message, None
+        if dep is not None:  # the clock and secure aggregation: whose upload reaches the server
+            message = Message(dep.upload_bytes(message.nbytes, server.payload_dim), message.kind)
+            clients, failed = dep.admit(rnd, clients, down, message.nbytes, server.payload_dim)
+            if dep.secagg is not None:
+                ledger.secagg(dep.metrics["secagg_uplink_bytes"], dep.metrics["secagg_downlink_bytes"])
+            if failed:  # SecAgg: too few survivors to unmask; nothing is released, the model stays (their masked
+                ledger.uplink(message, len(clients))  # vectors were sent before the server could tell)
+                return {**dep.close(0.0), "clients": 0.0}
+            field = dep.quantizer(len(clients) + (self.audit.canaries if self.audit is not None else 0))
+        weights = self.weights(clients)
         correction = (self.client_state.get(server.correction_state, clients, self.n)
                       if server.correction_state else None)
         feedback = type(server).feedback is not Scheme.feedback
         keep_updates = server.queries and server.query_source is None
-        agg = dp.open(rnd, clients, weights, server.payload_dim)
+        agg = dp.open(rnd, clients, weights, server.payload_dim, field)
         sent, updates, losses = [], [], []
         for ids, local, loss in self.train(clients, rnd, correction):
             update = local - self.params
             payload = dp.upload(rnd, ids, client.encode(rnd, update, ClientView(self.client_state, ids)))
-            ledger.uplink(server.message, len(ids))
+            ledger.uplink(message, len(ids))
             agg.add(payload)
             losses.append(loss)
             if feedback:
@@ -373,30 +392,39 @@ class Simulation:
             if keep_updates:
                 updates.append(update)
         aggregate = dp.close(rnd, agg)
+        t0 = time.perf_counter()
         if server.broadcast == "aggregate":
             ledger.downlink(Message.of(aggregate, kind="aggregate"), self.num_clients)
         H, exact, values = server.query(rnd, aggregate) if server.queries else None, None, None
+        exchange = None
         if H is not None:  # second exchange: the participants' exact values on H (never under DP)
             if dp.mode != "off":
                 raise RuntimeError(f"scheme={type(server).__name__} asks for exact values under dp={dp.mode}")
+            down_h = Message.of(H.to(torch.int32), kind="heavy_indices")
             if server.broadcast != "aggregate":
-                ledger.downlink(Message.of(H.to(torch.int32), kind="heavy_indices"), K)
+                ledger.downlink(down_h, len(clients))
             source = (self.client_state.get(server.query_source, clients, self.n) if server.query_source
                       else torch.cat(updates) if updates else torch.zeros(0, self.n, device=self.device))
             values = source[:, H]
-            ledger.uplink(Message.of_shape(H.numel(), kind="heavy_values"), K)
+            up_h = Message.of_shape(H.numel(), kind="heavy_values")
+            ledger.uplink(up_h, len(clients))
             exact_sum = WeightedSum(weights, H.numel(), self.device)
             exact_sum.add(values)
             exact = exact_sum.finish()
             ledger.downlink(Message.of(exact, *([] if server.broadcast == "aggregate" else [H.to(torch.int32)]),
                                        kind="heavy_values_avg"), self.num_clients)
+            exchange = (clients, up_h.nbytes, down_h.nbytes + Message.of(exact).nbytes)
         update = server.decode(rnd, aggregate, exact)
         self.server_step(update)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        server_seconds = time.perf_counter() - t0
         if feedback:
             payloads = torch.cat(sent) if sent else torch.zeros(0, server.payload_dim, device=self.device)
             client.feedback(rnd, ClientView(self.client_state, clients), payloads, values,
                             Received(aggregate, update, H, exact))
-        return {**server.metrics, **client.metrics, "clients": float(K),
+        clock = {**dep.close(server_seconds, exchange), **agg.quantization()} if dep is not None else {}
+        return {**server.metrics, **client.metrics, **clock, "clients": float(len(clients)),
                 "train_loss": float(torch.cat(losses).mean()) if losses else math.nan}
 
     def server_step(self, update: torch.Tensor) -> None:
