@@ -155,7 +155,7 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0) -> Clie
         raise ConfigError(str(exc)) from None
     dp = ClientDP(clipping_norm=float(cfg.clipping_norm), noise_multiplier=float(sigma),
                   sampling_probability=float(q), expected_clients=denominator, delta=delta,
-                  accountant=str(acct), sampling=sampling, num_clients=n if cohort else None,
+                  accountant=str(acct), sampling=sampling, num_clients=n,
                   cohort_size=cohort.get("cohort_size"))
     if float(sigma) > 0:
         log.info(epsilon_report(dp, rounds))
@@ -195,12 +195,12 @@ def epsilon_report(dp: ClientDP, rounds: int, compare: bool = False) -> str:
     line = (f"dp: {how}, {acct.upper()} ({relation}): ε = {eps:.4g} after {rounds} rounds "
             f"(σ = {sigma:.4g}, δ = {delta:g})")
     if dp.sampling == "poisson":
-        if not compare or n is None and dp.expected_clients < 1:
+        if not compare:
             return line
-        k = max(1, round(dp.expected_clients))  # the same expected cohort, drawn as k of N without replacement
-        fixed = compute_epsilon(sigma, k / round(k / q), rounds, delta, "rdp", sampling="fixed_size",
-                                num_clients=round(k / q), cohort_size=k)
-        return (f"{line}; a fixed-size cohort of {k} of {round(k / q)} (sampler=uniform) would give ε = {fixed:.4g} "
+        k = max(1, round(q * n))  # the same expected cohort, drawn as k of N without replacement
+        fixed = compute_epsilon(sigma, k / n, rounds, delta, "rdp", sampling="fixed_size", num_clients=n,
+                                cohort_size=k)
+        return (f"{line}; a fixed-size cohort of {k} of {n} (sampler=uniform) would give ε = {fixed:.4g} "
                 f"(RDP, replace-one, sensitivity 2S)")
     poisson = " / ".join(f"{compute_epsilon(sigma, q, rounds, delta, a):.4g} ({a.upper()})"
                          for a in (("rdp", "pld") if dp.sampling == "fixed_size" else ("pld",)))
