@@ -39,9 +39,13 @@ class FieldSum:
     def add_rows(self, rows: torch.Tensor) -> None:
         self.total += rows.sum(0, dtype=self.total.dtype)
         self.rows += rows.shape[0]
-        if self.field is not None:  # each client's masked vector, added into the field one by one
-            for row in self.field.encode(rows):
-                self.acc = self.field.add(self.acc, row)
+        if self.field is not None:  # the clients' masked vectors added into the field (exact integer arithmetic)
+            encoded = self.field.encode(rows)
+            if rows.shape[0] < 2 ** (63 - self.field.bits):  # their int64 sum cannot overflow: one reduction
+                self.acc = self.field.add(self.acc, encoded.sum(0) % self.field.modulus)
+            else:
+                for row in encoded:
+                    self.acc = self.field.add(self.acc, row)
             self.field_clipped += self.field.clipped
 
     def sum(self) -> torch.Tensor:
