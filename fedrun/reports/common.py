@@ -17,9 +17,10 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import pandas as pd
 
+from fedrun.reports import stats
+
 MARKS = ("†", "‡", "§", "¶", "‖", "#")
-MET, NOT_MET, NOISE, FEW, NOT_CHECKABLE = ("met", "not met", "inconclusive (within noise)",
-                                           "inconclusive (fewer than {n} seeds)", "not checkable")
+MET, NOT_MET, OPEN = "met", "not met", "inconclusive"
 
 
 class Export(NamedTuple):
@@ -198,8 +199,10 @@ class P(NamedTuple):
 
 
 class Claim(NamedTuple):
-    """``comps``: (left cell, op, right cell, tolerance) each; ``any``: one met comparison is enough;
-    ``at_least``: a saving claim (1 − mean(left)/mean(right) ≥ at_least over counted bytes)."""
+    """A claim of the paper, as this rebuild reads it. ``comps``: its comparisons (:func:`gt`, :func:`near`, …), all
+    of which must hold (``any``: one is enough); ``at_least``: instead a saving over counted bytes, no test (met when
+    1 − mean(left)/mean(right) ≥ at_least); ``fixed``: instead a verdict stated without a test (``not attempted``,
+    ``by construction``, ``exploratory``) and why."""
     text: str
     value: str
     comps: tuple
@@ -207,10 +210,29 @@ class Claim(NamedTuple):
     where: str = ""
     any: bool = False
     at_least: float | None = None
+    fixed: tuple[str, str] | None = None
 
 
-def saving(text: str, value: str, left: dict, right: dict, at_least: float, paper: str = "", where: str = "") -> Claim:
-    return Claim(text, value, ((left, "saving", right, 0.0),), paper, where, at_least=at_least)
+def contrast(terms: tuple, kind: str = ">", bound: float = 0.0, center: float = 0.0) -> tuple:
+    """A comparison: d = Σ coef·mean(cell) over ``terms`` ((cell, coef), …); ``>`` / ``<``: the claim d > bound /
+    d < bound, ``≈``: the claim |d − center| < bound (an equivalence margin)."""
+    return terms, kind, bound, center
+
+
+def gt(a: dict, b: dict, shift: float = 0.0) -> tuple:
+    """mean(a) − mean(b) > shift."""
+    return contrast(((a, 1.0), (b, -1.0)), ">", shift)
+
+
+def near(a: dict, b: dict, margin: float, center: float = 0.0) -> tuple:
+    """|mean(a) − mean(b) − center| < margin (TOST)."""
+    return contrast(((a, 1.0), (b, -1.0)), "≈", margin, center)
+
+
+def saving(text: str, value: str, left: dict, right: dict, at_least: float, paper: str = "", where: str = "",
+           fixed: tuple[str, str] | None = None) -> Claim:
+    return Claim(text, value, ((((left, 1.0), (right, -1.0)), "saving", at_least, 0.0),), paper, where,
+                 at_least=at_least, fixed=fixed)
 
 
 # ------------------------------------------------------------------------------------------------ a report
@@ -281,7 +303,11 @@ class Report:
         if times:
             text += (f"; first start to last end {(max(e for _, e in times) - min(s for s, _ in times)) / 3.6e6:.2f} h,"
                      f" the runs' own durations sum to {sum(e - s for s, e in times) / 3.6e6:.2f} h")
-        return text + "."
+        dirty = self.runs.get("tags.git_dirty", pd.Series("", index=self.runs.index)).fillna("").astype(str).str.lower()
+        unknown = (~dirty.isin(["true", "false"])).sum()
+        return text + (f". Code: {(dirty == 'true').sum()} of these {len(self.runs)} runs were made from a working tree "
+                       f"with uncommitted changes (tag git_dirty; the export does not hold their diff)"
+                       + (f", {unknown} do not record it" if unknown else "") + ".")
 
     def coverage(self, expect: Sequence[Mapping[str, Any]], min_seeds: int = 3) -> str:
         """How many of the expected cells have ≥ min_seeds / fewer / no runs (with the short list)."""
@@ -377,62 +403,72 @@ class Report:
              [d for d in self.cell_dims if any(d in c for c in cells)]
         return [" ".join(self.dims[d].tag(c[d]) for d in ds if d in c) for c in cells]
 
-    def verdict(self, claim: Claim, k: float = 2.0, min_seeds: int = 3) -> tuple[str, str]:
-        """(verdict, the numbers behind it) of one claim: the rule of :func:`rule_text`."""
-        cells = [c for comp in claim.comps for c in (comp[0], comp[2])]
+    def test(self, claim: Claim) -> dict[str, Any]:
+        """One claim before the family's correction: {verdict} when it is decided without a test, else {p, met,
+        text (the numbers per comparison), needed (seeds per cell, for an undecided claim)}."""
+        if claim.fixed:
+            return {"verdict": claim.fixed[0], "text": claim.fixed[1]}
+        cells = [c for terms, *_ in claim.comps for c, _ in terms]
         for c in cells:
-            n = len(self.match(c).groupby(self.cell_dims, dropna=False))
-            if n > 1:
+            if len(self.match(c).groupby(self.cell_dims, dropna=False)) > 1:
                 free = [d for d in self.cell_dims if d not in c]
-                return NOT_CHECKABLE, f"{self.describe(c)} matches {n} cells (name {', '.join(free)})"
-        name = dict(zip((repr(c) for c in cells), self.names(cells)))
-        nm = lambda c: name[repr(c)]  # noqa: E731
-        if claim.at_least is not None:
-            (left, _, right, _), = claim.comps
-            a, b = self.values(left, claim.value), self.values(right, claim.value)
-            if not a or not b:
-                return NOT_CHECKABLE, "no runs: " + ", ".join(nm(c) for c, v in ((left, a), (right, b)) if not v)
-            s = 1 - mean(a) / mean(b) if mean(b) else math.nan
-            return (MET if s >= claim.at_least else NOT_MET), (
-                f"saving {s * 100:.1f} % (threshold {claim.at_least * 100:.1f} %): {nm(left)} {brief(a, '{:.4g}')} vs "
-                f"{nm(right)} {brief(b, '{:.4g}')}")
-        verdicts, parts = [], []
-        for left, op, right, tol in claim.comps:
-            a, b = self.values(left, claim.value), self.values(right, claim.value)
-            sym = {">=": "≥", "<=": "≤"}.get(op, op)
-            if not a or not b:
-                verdicts.append(NOT_CHECKABLE)
-                parts.append(f"{nm(left)} {sym} {nm(right)}: no runs of "
-                             + " and ".join(nm(c) for c, v in ((left, a), (right, b)) if not v))
-                continue
-            d = (mean(a) - mean(b) if op in (">", ">=") else mean(b) - mean(a)) + tol
-            band = k * math.sqrt(sd(a) ** 2 / len(a) + sd(b) ** 2 / len(b))
-            if min(len(a), len(b)) < min_seeds:
-                v, band = FEW.format(n=min_seeds), math.nan
-            else:
-                v = MET if d > band else NOT_MET if d < -band else NOISE
-            verdicts.append(v)
-            text = f"{nm(left)} {brief(a)} {sym} {nm(right)} {brief(b)}: difference {d:+.3f}"
-            text += f" (tolerance {tol:+g} included)" if tol else ""
-            parts.append(text + ("" if math.isnan(band) else f", {k:g}·SE = {band:.3f}"))
-        return combine(verdicts, claim.any), ("any of: " if claim.any else "") + "; ".join(parts)
+                return {"verdict": "not checkable", "text": f"{self.describe(c)} matches several cells (name "
+                                                             f"{', '.join(free)})"}
+        name = dict(zip(map(repr, cells), self.names(cells)))
+        ps, parts, need = [], [], []
+        for terms, kind, bound, center in claim.comps:
+            vals = [self.values(c, claim.value) for c, _ in terms]
+            if kind == "saving":
+                a, b = (mean(v) for v in vals)
+                s = 1 - a / b if b and vals[0] and vals[1] else math.nan
+                return {"verdict": (MET if s >= bound else NOT_MET) if not math.isnan(s) else "not checkable",
+                        "text": f"saving {s * 100:.1f} % (threshold {bound * 100:.1f} %): " + " vs ".join(
+                            f"{name[repr(c)]} {brief(v, '{:.4g}')}" for (c, _), v in zip(terms, vals))}
+            desc = " ".join(("" if i == 0 and k > 0 else "− " if k < 0 else "+ ") + f"{name[repr(c)]} {brief(v)}"
+                            for i, ((c, k), v) in enumerate(zip(terms, vals)))
+            w = stats.welch(vals, [k for _, k in terms])
+            if w is None:
+                missing = [name[repr(c)] for (c, _), v in zip(terms, vals) if not v]
+                return {"verdict": "not attempted", "text": f"no runs of {', '.join(missing)}"} if missing else \
+                    {"verdict": OPEN, "text": desc + ": one seed in a cell, no spread to test with"}
+            lo, hi = w.ci()
+            ps.append(stats.p_values(w, kind, bound, center))
+            goal = f"{kind} {bound:+.3g}" if kind != "≈" else f"in {center:+.3g} ± {bound:.3g}"
+            parts.append(f"{desc}: {'difference' if len(terms) > 1 else 'mean'} {w.d:+.3f} (95 % CI {lo:+.3f} to "
+                         f"{hi:+.3f}; claimed {goal}), Welch df = {w.df:.1f}, one-sided p = {ps[-1][0]:.2g} for the "
+                         f"claim, {ps[-1][1]:.2g} against")
+            need.append(stats.seeds_needed(w, stats.distance(w, kind, bound, center)))
+        p, met = stats.decide(*stats.combine(ps, claim.any))
+        return {"p": p, "met": met, "needed": need, "text": ("any of: " if claim.any else "") + "; ".join(parts)}
+
+    def verdicts(self, claims: Sequence[Claim]) -> list[tuple[str, str]]:
+        """(verdict, the numbers behind it) per claim, the tested ones decided at α after Holm over the family."""
+        tests = [self.test(c) for c in claims]
+        family = [t for t in tests if "p" in t]
+        for t, adj in zip(family, stats.holm([t["p"] for t in family])):
+            decided = adj <= stats.ALPHA
+            t["verdict"] = (MET if t["met"] else NOT_MET) if decided else OPEN
+            t["text"] += f"; Holm-adjusted p = {adj:.2g} (family of {len(family)})"
+            if not decided:
+                t["text"] += ("; seeds per cell for 80 % power at the observed difference and spread: " +
+                              ", ".join(str(n) if n else "over 1,000" for n in t["needed"]))
+        return [(t["verdict"], t["text"]) for t in tests]
 
     def claims(self, claims: Sequence[Claim]) -> str:
         lines = []
-        for c in claims:
-            v, detail = self.verdict(c)
+        for c, (v, detail) in zip(claims, self.verdicts(claims)):
             paper = f" Paper: {c.paper}" + (f" ({c.where})" if c.where else "") + "." if c.paper else ""
             lines.append(f"- {c.text}: **{v}** — {detail}.{paper}")
-        return "## The paper's claims\n\n" + rule_text(any(c.any for c in claims)) + "\n\n" + "\n".join(lines) + "\n"
+        return "## The paper's claims\n\n" + RULE + "\n\n" + "\n".join(lines) + "\n"
 
     def readme_block(self, claims: Sequence[Claim]) -> str:
-        lines = [f"Claims checked by [{PurePosixPath(self.output).name}]({self.output}) (rule: met / not met beyond "
-                 f"2·SE over ≥ 3 seeds, else inconclusive; the numbers are there):"]
-        return "\n".join(lines + [f"- {c.text}: **{self.verdict(c)[0]}**" for c in claims])
+        lines = [f"Claims checked by [{PurePosixPath(self.output).name}]({self.output}) (Welch t per comparison, each "
+                 f"direction at α/2, Holm over the report's claims at α = {stats.ALPHA:g}; the numbers are there):"]
+        return "\n".join(lines + [f"- {c.text}: **{v}**" for c, (v, _) in zip(claims, self.verdicts(claims))])
 
     # ---------------------------------------------------------------------------------------- files
     def files(self, blocks: Mapping[str, str], figures: Mapping[str, bytes] = {}, claims: Sequence[Claim] = (),
-              expect: Sequence[Mapping[str, Any]] = ()) -> dict[Path, bytes]:
+              expect: Sequence[Mapping[str, Any]] = (), readme: bool = True) -> dict[Path, bytes]:
         """The report's files (paths relative to the root): its figures, its markdown (the template
         ``<output>.template.md`` filled with ``blocks`` and the runs line, coverage, claims and paper's numbers),
         and with claims README.md with its claims block regenerated."""
@@ -441,11 +477,11 @@ class Report:
                   **({"paper": self.paper_numbers()} if self.paper else {}), **blocks}
         out = {Path(self.output).parent / f: b for f, b in figures.items()}
         out[Path(self.output)] = fill(self.root / Path(self.output).with_suffix(".template.md"), blocks).encode()
-        if claims:
-            readme = self.root / README
-            if not readme.exists():
-                raise ValueError(f"{readme} not found: the claims of {self.name} go into its claims block")
-            out[Path(README)] = splice(readme.read_text(), self.name, self.readme_block(claims)).encode("utf-8")
+        if claims and readme:
+            path = self.root / README
+            if not path.exists():
+                raise ValueError(f"{path} not found: the claims of {self.name} go into its claims block")
+            out[Path(README)] = splice(path.read_text(), self.name, self.readme_block(claims)).encode("utf-8")
         return out
 
     def curves(self, file: str, series: str, panels: Sequence[str], lines: Sequence[str], title: str, ylabel: str,
@@ -478,27 +514,17 @@ class Report:
         return draw(out, file, title, xlabel, ylabel, max(1, ncols), yscale)
 
 
-def combine(verdicts: Sequence[str], any_: bool = False) -> str:
-    """Several comparisons: all must be met (``any_``: one is enough); else the first inconclusive reason."""
-    if (MET in verdicts) if any_ else all(v == MET for v in verdicts):
-        return MET
-    if all(v == NOT_MET for v in verdicts) if any_ else NOT_MET in verdicts:
-        return NOT_MET
-    if NOT_CHECKABLE in verdicts:
-        return NOT_CHECKABLE
-    return next((v for v in verdicts if v.startswith("inconclusive (fewer")), NOISE)
-
-
-def rule_text(any_: bool) -> str:
-    return ("Rule: each comparison of two cells takes the difference of their means over seeds in the claimed "
-            "direction (plus the claim's tolerance, if any): **met** when it is above 2·SE, **not met** when below "
-            "−2·SE, **inconclusive (within noise)** in between, with SE = √(s₁²/n₁ + s₂²/n₂) (s: sample std over "
-            "seeds); **inconclusive (fewer than 3 seeds)** when either cell has fewer than 3 runs. A claim of several "
-            "comparisons is met when all are met and not met when any is not met"
-            + ("; a claim whose comparisons are listed as *any of* is met when any is met and not met when all are "
-               "not met" if any_ else "")
-            + ". A bandwidth saving counts bytes (no noise): met when 1 − mean(left)/mean(right) reaches the "
-              "threshold.")
+RULE = (f"Rule: each comparison is a difference of cell means over seeds (or a difference of such differences), "
+        f"tested by Welch's t with Satterthwaite's degrees of freedom (no equal-variance assumption), in the "
+        f"direction of the claim and in the opposite one, each one-sided at α/2 = {stats.ALPHA / 2:g}; \"within x\" "
+        f"is an equivalence claim, tested by two one-sided tests (TOST) against the margin ±x. A claim of several "
+        f"comparisons is met when all are (the largest p), an *any of* claim when one is (Holm within the claim). The "
+        f"claims of this report are one family: Holm's step-down over their p-values, and a claim is **met** or "
+        f"**not met** when its adjusted p is at most α = {stats.ALPHA:g} (so with no true difference a decisive "
+        f"verdict comes at most 5 % of the time), else **inconclusive**, with the seeds per cell that would give 80 % "
+        f"power at the observed difference and spread. The 95 % CI is Welch's, before the family's correction. A "
+        f"saving of counted bytes (no noise) is met when 1 − mean(left)/mean(right) reaches its threshold; a claim "
+        f"true by construction is said so and not counted as met.")
 
 
 def fill(template: Path, blocks: Mapping[str, str]) -> str:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import P, Cell, Claim, Export, Report, at, column, dims, load, reach, saving, series_value
+from fedrun.reports.common import (P, Cell, Claim, Export, Report, at, column, dims, gt, load, near, reach, saving,
+                                   series_value)
 
 OUT = "results/fbftl"
 FM = Export(f"{OUT}/runs/fbftl-femnist-mnist", "fbftl-femnist-mnist", every=5)
@@ -54,6 +55,8 @@ def table(root: Path) -> dict[Path, bytes]:
         df[k] = m(v).where(df.scheme == "fbftl")
     for target, (k, acc) in TARGETS.items():
         df[f"rounds_{k}"] = series_value(df, "test_accuracy", lambda p, acc=acc: reach(p, acc)).where(df.target == target)
+        # a seed that never reaches the target counts as its last round: a lower bound of its rounds (for a claim)
+        df[f"rounds_{k}_c"] = df[f"rounds_{k}"].fillna(m("rounds_completed")).where(df.target == target)
         df[f"up_{k}_gb"] = pd.Series([at((s or {}).get("uplink_bytes_total", []), r) * 8 / 1e9 for s, r in zip(
             df["series"], df[f"rounds_{k}"])], index=df.index, dtype=float).where(df.target == target)
     public = "comparison table; notes line 61 [public]: "
@@ -91,26 +94,32 @@ def table(root: Path) -> dict[Path, bytes]:
     claims += [saving(f"FTL-c's uplink < FTL-full's (by at least 1 %) [{tl(t)}]", "up_gb", s("ftl_c", t),
                       s("ftl_full", t), 0.01, '"obviously Σ_{m=m_c}^M T_m < Σ_{m=1}^M T_m. Therefore," P^FTL_c < '
                       'P^FTL_f (eq. (5)); 599 Tb vs 949 Tb', "line 43; notes line 61") for t in targets]
-    claims += [saving(f"FTL-full's uplink is not above FL's (the same parameters per upload, rounds and sampled "
-                      f"clients) [{tl(t)}]", "up_gb", s("ftl_full", t), s("fl", t), 0.0,
-                      '"I^FTL_c UC ≈ I^FTL_f UC < I^FL UC", so P^FTL_f < P^FL through fewer iterations to convergence '
-                      '(949 Tb vs 3216 Tb); at a fixed number of rounds the two are equal, and the iterations to a '
-                      'target accuracy are not computed by this report', "line 43; notes lines 60–61")
-               for t in targets]
+    claims += [saving(f"FTL-full's uplink over the 100 rounds equals FL's [{tl(t)}]", "up_gb", s("ftl_full", t),
+                      s("fl", t), 0.0, '"I^FTL_c UC ≈ I^FTL_f UC < I^FL UC", so P^FTL_f < P^FL through fewer '
+                      'iterations to convergence (949 Tb vs 3216 Tb)', "line 43; notes lines 60–61",
+                      fixed=("by construction", "the same parameters per upload, rounds and sampled clients give the "
+                             "same bytes: not a finding; the paper's P^FTL_f < P^FL comes from fewer iterations, "
+                             "which the target-accuracy claims test")) for t in targets]
     claims += [Claim("FTL-full reaches the target accuracy with less uplink than FL (target MNIST, 0.78)", "up_m_gb",
-                     ((s("ftl_full", "mnist"), "<", s("fl", "mnist"), 0.0),),
+                     (gt(s("fl", "mnist"), s("ftl_full", "mnist")),),
                      '"I^FTL_c UC ≈ I^FTL_f UC < I^FL UC": transfer learning needs fewer iterations to converge, hence '
                      'P^FTL_f < P^FL (949 Tb vs 3216 Tb in its table); read here as the uplink to a common target '
                      'accuracy', "line 43; notes lines 60–61"),
                Claim("FTL-full reaches the target accuracy with less uplink than FL (target Fashion-MNIST, 0.68)",
-                     "up_f_gb", ((s("ftl_full", "fashion_mnist"), "<", s("fl", "fashion_mnist"), 0.0),),
+                     "up_f_gb", (gt(s("fl", "fashion_mnist"), s("ftl_full", "fashion_mnist")),),
                      '"I^FTL_c UC ≈ I^FTL_f UC < I^FL UC" (as above)', "line 43; notes lines 60–61")]
+    claims += [Claim(f"FTL-c needs about as many rounds as FTL-full to reach the target accuracy (within ±10 rounds, "
+                     f"two evaluations; a seed that never reaches it counts as 100, a lower bound) [{tl(t)}]",
+                     f"rounds_{TARGETS[t][0]}_c", (near(s("ftl_c", t), s("ftl_full", t), 10),),
+                     '"I^FTL_c UC ≈ I^FTL_f UC"; the ±10 rounds are this rebuild\'s reading of ≈ (FTL-c trains only '
+                     'f², 100 FedAvg rounds of 5 local steps)', "line 43") for t in targets]
     claims += [Claim(f"FbFTL has the least downlink broadcast [{tl(t)}]", "down_bcast_mb",
-                     tuple((s("fbftl", t), "<", s(o, t), 0.0) for o in ("ftl_c", "ftl_full", "fl")),
+                     tuple(gt(s(o, t), s("fbftl", t)) for o in ("ftl_c", "ftl_full", "fl")),
                      '"We also note that FbFTL has the least downlink broadcast payload and the least local '
                      'computation compared to FL and FTL"', "line 67") for t in targets]
-    claims += [Claim(f"FbFTL's final test accuracy equals FTL-c's (within 1 point) [{tl(t)}]", "acc",
-                     ((s("fbftl", t), ">=", s("ftl_c", t), 0.01), (s("fbftl", t), "<=", s("ftl_c", t), 0.01)),
+    claims += [Claim(f"FbFTL's final test accuracy equals FTL-c's (within ±1 point; FTL-c: 100 FedAvg rounds, FbFTL: "
+                     f"100 server epochs on all samples, not the same training) [{tl(t)}]", "acc",
+                     (near(s("fbftl", t), s("ftl_c", t), 0.01),),
                      '"FbFTL and FTL updating task-specific sub-model have the same performance at every iteration '
                      'because the only difference between the two methods is the communication system structure but '
                      'not the numerical process to generate the gradient updates"; 85.59 % for both in its table',
@@ -122,7 +131,7 @@ def table(root: Path) -> dict[Path, bytes]:
              "91.68 % (FTL-full) vs 85.59 % (FbFTL) in its table", "notes line 61"),
             ("ftl_full", "fl", "FTL-full's final test accuracy is above FL's", '91.68 % vs 89.1 % in its table; the '
              'text: "Typically, training from scratch requires more training samples"', "line 43; notes line 61")):
-        claims += [Claim(f"{text} [{tl(t)}]", "acc", ((s(a, t), ">", s(b, t), 0.0),), quote, where) for t in targets]
+        claims += [Claim(f"{text} [{tl(t)}]", "acc", (gt(s(a, t), s(b, t)),), quote, where) for t in targets]
     rows = ["source", "scheme"]
     figure = rep.curves("table_accuracy.svg", "test_accuracy", ["target"], ["scheme"], "LeNet-5, 6000 clients: test "
                         "accuracy per round (FbFTL: per server epoch), mean over seeds (band: ± std)", "test accuracy",
@@ -169,12 +178,13 @@ def tuned(root: Path) -> dict[Path, bytes]:
             "False", "")})
     targets = rep.present("target")
     c = lambda choice, t: dict(scheme="fbftl", lr_choice=choice, target=t)  # noqa: E731
-    claims = [saving(f"{rep.dims['target'].label(t)}: tuning the server lr costs no uplink (tuned ≤ fixed)", "up_mb",
+    claims = [saving(f"{rep.dims['target'].label(t)}: tuning the server lr costs no uplink (tuned = fixed)", "up_mb",
                      c("tuned", t), c("fixed", t), 0.0, '"one can train the model from scratch for several times to '
                      'determine the best hyper-parameters without additional communication with the clients"',
-                     "line 51") for t in targets]
+                     "line 51", ("by construction", "the lr search runs on the server, on the uploaded features: the "
+                                                    "same one upload; not a finding")) for t in targets]
     claims += [Claim(f"{rep.dims['target'].label(t)}: the tuned server lr gives a higher final test accuracy than the "
-                     "fixed lr 0.1", "acc", ((c("tuned", t), ">", c("fixed", t), 0.0),),
+                     "fixed lr 0.1", "acc", (gt(c("tuned", t), c("fixed", t)),),
                      '"FbFTL enables iterative fine-tuning of the SGD optimizer hyper-parameters such as the learning '
                      'rate. To obtain the optimized DNN, one needs to find the optimized hyper-parameters that provide '
                      'the best convergence performance"', "line 51") for t in targets]

@@ -197,12 +197,15 @@ def test_the_report_builds_both_figures_tables_and_claims_from_the_exports(tmp_p
     # claims: the rule's verdicts with their numbers
     claims = md.split("## The paper's claims")[1].split("## The paper's numbers")[0]
     assert ("- more local steps hurt under heterogeneity: τ = 1 above τ = 5 (FS-PRIVIX, (20, 40)): **not met** — "
-            "τ = 1 0.709 ± 0.002 (n=3) > τ = 5 0.893 ± 0.001 (n=3): difference -0.184, 2·SE = 0.002.") in claims
-    assert "- FS-HEAPRIX ≥ FS-PRIVIX (homogeneous, (20, 40), τ = 2): **met** — HEAPRIX 0.916 ± 0.001 (n=3)" in claims
-    assert "- FS-HEAPRIX ≥ FS-PRIVIX (homogeneous, (50, 100), τ = 2): **inconclusive (within noise)**" in claims
-    assert ("- FS-HEAPRIX at (50, 100) within 2 points of FedSGD at the same τ (homogeneous, τ = 5): **met** — FS "
-            "HEAPRIX (50, 100) 0.972 ± 0.003 (n=3) ≥ FedSGD") in claims
-    assert "difference +0.016 (tolerance +0.02 included), 2·SE = 0.004" in claims
+            "τ = 1 0.709 ± 0.002 (n=3) − τ = 5 0.893 ± 0.001 (n=3): difference -0.184 (95 % CI") in claims
+    assert "- FS-HEAPRIX above FS-PRIVIX (homogeneous, (20, 40), τ = 2): **met** — HEAPRIX 0.916 ± 0.001 (n=3)" in claims
+    assert "- FS-HEAPRIX above FS-PRIVIX (homogeneous, (50, 100), τ = 2): **inconclusive**" in claims
+    # "within 2 points" is an equivalence (TOST against ±0.02), not "at most 2 points below"
+    assert ("- FS-PRIVIX at (50, 100) within ±2 points of FedSGD at the same τ (homogeneous, τ = 2): **met** — FS "
+            "PRIVIX (50, 100) 0.944 ± 0.003 (n=3) − FedSGD") in claims
+    assert "claimed in +0 ± 0.02" in claims and "seeds per cell for 80 % power" in claims
+    assert "- SketchedSGD above FS-PRIVIX at the small sketch (20, 40) (homogeneous, τ = 1): **not met**" in claims
+    assert "- FS-PRIVIX diverges at (20, 40) with τ = 5 (homogeneous)" in claims
     assert ("- SketchedSGD very poor under heterogeneity: more than 10 points below FedSGD at τ = 1 ((20, 40)): "
             "**met**") in claims
     assert ("- uplink saving of FS-PRIVIX (20, 40) over FedSGD ≥ 1 − 1/75 (75×, counted bytes per worker and round, "
@@ -212,8 +215,8 @@ def test_the_report_builds_both_figures_tables_and_claims_from_the_exports(tmp_p
     assert ("Paper: \"empirically we see that in the heterogeneous setting, more local updates τ tend to undermine "
             "the learning performance, especially with small sketch size\" (line 199).") in claims
     verdicts = re.findall(r"^- .*?: \*\*([^*]+)\*\* — ", claims, re.M)
-    assert len(verdicts) == claims.count("\n- ") == 48  # 12 claims over their for_each values
-    assert set(verdicts) == {"met", "not met", "inconclusive (within noise)"}  # 3 seeds in every cell: all checkable
+    assert len(verdicts) == claims.count("\n- ") == 51  # 15 claims over their sketches, τ and splits
+    assert set(verdicts) == {"met", "not met", "inconclusive"}  # 3 seeds in every cell: all checkable
     assert ("| (20, 40) | uplink compression against the float32 update (measured) | 75× | line 193 (\"these two "
             "choices of sketch size correspond to a 75× and 12× compression ratio\") | read (stated) |") in md
 
@@ -222,7 +225,7 @@ def test_the_report_builds_both_figures_tables_and_claims_from_the_exports(tmp_p
     line = next(x for x in claims.splitlines() if x.startswith("- more local steps hurt"))
     assert line.split(" — ")[0] + "\n" in text  # the report's line, verdict only (the numbers stay in the report)
     assert "Claims checked by [figures.md](results/fedsketch/figures.md)" in text
-    assert text.count("\n- ") == 48 + 1  # every claim line, and the README's own item
+    assert text.count("\n- ") == 51 + 1  # every claim line, and the README's own item
     assert text.startswith("# README\n\n- **002 (FedSKETCH)**: text.\n\n") and text.endswith("\n\nThe end.\n")
 
     capsys.readouterr()

@@ -118,10 +118,13 @@ def test_a_report_regenerates_from_its_export_alone(tmp_path):
     assert "Cells: 40 expected; 40 with ≥ 3 seeds, 0 with 1–2, 0 without runs." in md
     assert ("Runs: 141 in the export `results/kerkouche21/runs/kerkouche21-table3.runs.csv.gz`; 140 in the tables "
             "(left out: 1 not matching status = FINISHED)") in md
-    # the claims read each server-options group; with 3 seeds and clear gaps they are decided
-    assert "- with DP, FL-CS at r = 0.05 beats FL-STD-DP [server options on]: **not met**" in md
+    # the claims read each server-options group; with 3 seeds and clear gaps they are decided by the claim test
+    assert "- with DP, FL-CS at r = 0.05 beats FL-STD-DP [server options on]: **not met** — FL-CS r = 0.05" in md
     assert "- FL-CS outperforms FL-RND and FL-FREQ without DP at r = 0.05 [server options off]: **met**" in md
-    assert "[paper's setup]: **inconclusive (fewer than 3 seeds)**" in md
+    assert "Welch df = " in md and "Holm-adjusted p = " in md and "(family of 24)" in md
+    assert "[paper's setup]: **inconclusive** — " in md and "one seed in a cell, no spread to test with" in md
+    assert "**not met** — without DP 0.938 ± 0.017 (n=3) − with client-level DP 0.867 ± 0.013 (n=3)" in md  # 30 points
+    assert "Code: 0 of these 140 runs were made from a working tree with uncommitted changes" in md
     assert "| scheme | r | server options | best accuracy | round | Cost r·n·32·Round·C, MB |" in md  # empty columns dropped
     assert "| FL-STD | 1 | server options off | " in md
     assert "| 22.18 | 548.7 | 0.0915 | 0.90 | 0.69 | 0.99 | 1.13 | 0.2 |" in md
