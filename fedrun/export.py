@@ -200,14 +200,37 @@ def _dedupe(points: list[tuple[str, str, int, float]]) -> list[tuple[str, str, i
     return [(rid, key, step, value) for (rid, key, step), value in last.items()]
 
 
+def check_source(runs: list[dict[str, Any]], allow_dirty: bool = False) -> list[dict[str, Any]]:
+    """Every run names its code: a run from a clean tree without the tag ``fedrun.source_hash`` (made before it
+    existed) gets the hash of its commit and an empty diff (:func:`fedrun.provenance.source_hash`). A run made from a
+    working tree with uncommitted changes (tag ``git_dirty``) is refused unless ``allow_dirty``: its code is its
+    commit plus the diff in its MLflow artifacts (``source.diff``, earlier ``git_diff.patch``), which an export does
+    not hold."""
+    from fedrun.provenance import TAG, source_hash
+
+    dirty = [r for r in runs if str(r.get("tags.git_dirty", "")).lower() == "true"]
+    if dirty and not allow_dirty:
+        raise ExportError(f"{len(dirty)} of {len(runs)} runs were made from a working tree with uncommitted changes "
+                          f"(tag git_dirty; e.g. {dirty[0]['run_id']}): re-run them from a clean checkout, or pass "
+                          f"--allow-dirty to export them anyway (every table then says how many)")
+    for r in runs:
+        commit = str(r.get("tags.git_commit") or "")
+        if f"tags.{TAG}" not in r and commit and str(r.get("tags.git_dirty", "")).lower() == "false":
+            r[f"tags.{TAG}"] = source_hash(commit, "")
+    return runs
+
+
 def export(uri: str, experiments: Sequence[str], out_dir: str | Path, name: str | None = None,
            filter_string: str = "", statuses: Sequence[str] | None = DEFAULT_STATUSES,
-           metrics: Sequence[str] | None = None, every: int | None = None) -> tuple[Path, Path, int]:
+           metrics: Sequence[str] | None = None, every: int | None = None,
+           allow_dirty: bool = False) -> tuple[Path, Path, int]:
     """Export the runs of ``experiments`` to ``out_dir/<name>.runs.csv.gz`` and ``.metrics.csv.gz`` (name:
-    the first experiment's); returns (runs file, metrics file, number of runs)."""
+    the first experiment's); returns (runs file, metrics file, number of runs). Runs from a dirty working tree are
+    refused unless ``allow_dirty`` (:func:`check_source`)."""
     if not experiments:
         raise ExportError("no experiment given: --experiment NAME")
     runs, points = read_mlflow(uri, experiments, filter_string, statuses, metrics, every)
+    runs = check_source(runs, allow_dirty)
     if not runs:
         raise ExportError(f"no runs to export in {', '.join(map(repr, experiments))} at {uri}"
                           + (f" matching {filter_string!r}" if filter_string else "")
@@ -388,6 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "e.g. 'test_accuracy,uplink_bytes_total,epsilon'")
     e.add_argument("--every", type=int, default=None,
                    help="keep per-round points only every k rounds (and each metric's first and last point)")
+    e.add_argument("--allow-dirty", action="store_true",
+                   help="export runs made from a working tree with uncommitted changes too (refused by default)")
     i = sub.add_parser("import", help="an export → new runs in an MLflow store (to browse in the UI)")
     i.add_argument("export", help="the export's prefix, e.g. results/kerkouche21/runs/kerkouche21-table3")
     i.add_argument("--uri", default=None,
@@ -402,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             metrics = None if args.metrics is None else tuple(m for m in args.metrics.split(",") if m)
             uri = resolve_uri(args.uri)
             runs_file, metrics_file, n = export(uri, args.experiment, args.out, args.name, args.filter,
-                                                statuses, metrics, args.every)
+                                                statuses, metrics, args.every, args.allow_dirty)
             sizes = [f"{f} ({f.stat().st_size / 1e3:.1f} kB)" for f in (runs_file, metrics_file)]
             print(f"fedrun export: {n} runs of {', '.join(args.experiment)} ({uri}) → {', '.join(sizes)}")
         elif args.cmd == "import":

@@ -59,8 +59,9 @@ def report_files(name: str, root: str | Path | None = None) -> dict[Path, bytes]
     return REPORTS[name][0](Path(root or default_root()))
 
 
-def refresh_exports(name: str, root: Path, uri: str | None = None) -> list[str]:
-    """Export the report's MLflow experiments again (``--export``); one line per export."""
+def refresh_exports(name: str, root: Path, uri: str | None = None, allow_dirty: bool = False) -> list[str]:
+    """Export the report's MLflow experiments again (``--export``; runs from a dirty tree only with
+    ``allow_dirty``); one line per export."""
     from fedrun.export import export
     from fedrun.reports import REPORTS
     from fedrun.tracking import resolve_uri
@@ -68,7 +69,8 @@ def refresh_exports(name: str, root: Path, uri: str | None = None) -> list[str]:
     lines = []
     for e in REPORTS[name][1]:
         out = root / e.path
-        files = export(resolve_uri(uri), [e.experiment], out.parent, out.name, metrics=e.metrics, every=e.every)
+        files = export(resolve_uri(uri), [e.experiment], out.parent, out.name, metrics=e.metrics, every=e.every,
+                       allow_dirty=allow_dirty)
         lines.append(f"{files[2]} runs of {e.experiment} → " + ", ".join(
             f"{f.relative_to(root)} ({f.stat().st_size / 1e3:.1f} kB)" for f in files[:2]))
     return lines
@@ -88,13 +90,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--export", action="store_true", help="first export the reports' MLflow experiments again")
     ap.add_argument("--uri", default=None, help="with --export: tracking URI (default: $MLFLOW_TRACKING_URI, else "
                                                 "sqlite:///mlflow.db)")
+    ap.add_argument("--allow-dirty", action="store_true", help="with --export: export runs made from a working tree "
+                                                               "with uncommitted changes too")
     args = ap.parse_args(argv)
     root = Path(args.root) if args.root else default_root()
     stale = []
     for name in args.names or list(REPORTS):
         try:
             if args.export:
-                for line in refresh_exports(name, root, args.uri):
+                for line in refresh_exports(name, root, args.uri, args.allow_dirty):
                     print(f"fedrun report: exported {line}")
             files = report_files(name, root)
         except (ExportError, ValueError, OSError) as exc:
