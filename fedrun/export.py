@@ -16,7 +16,7 @@ The bytes are a function of the runs alone: rows and columns sorted, floats writ
 round trip), an empty cell for a missing value, gzip without a timestamp or file name. Exporting the same
 runs again gives identical files, so git sees a change only when a run changed.
 
-:func:`load` reads an export back as records, the flat dicts :func:`fedrun.report.mlflow_records` gives
+:func:`load` reads an export back as records, the flat dicts :func:`mlflow_records` gives
 (``params.*``, ``metrics.*`` with fedrun's own metric names, ``tags.*``, ``run_id``, ``status``,
 ``start_time``) plus ``series``: {metric name: [(step, value), …]}, without importing MLflow.
 :func:`import_runs` writes an export into an MLflow store (new runs, same params/tags/metrics, the original
@@ -191,6 +191,17 @@ def read_mlflow(uri: str, experiments: Sequence[str], filter_string: str = "",
     return runs, thin(_dedupe(points), every)
 
 
+def mlflow_records(uri: str, experiment: str, filter_string: str = "") -> list[dict[str, Any]]:
+    """The runs of an MLflow experiment (any status, sweep parents left out) as flat records with fedrun's metric
+    names (``metrics.best_test_accuracy``, not ``summary/best_test_accuracy``): what :func:`load` gives for an
+    export, without the per-round series."""
+    from fedrun.tracking import internal_name
+
+    runs, _ = read_mlflow(uri, [experiment], filter_string, statuses=None, metrics=())
+    return [{(f"metrics.{internal_name(k[8:])}" if k.startswith("metrics.") else k): v for k, v in r.items()}
+            for r in runs]
+
+
 def _dedupe(points: list[tuple[str, str, int, float]]) -> list[tuple[str, str, int, float]]:
     """One value per (run, metric, step): a resumed run can hold a step twice; the last logged value wins
     (MLflow's history is in logging order)."""
@@ -302,7 +313,7 @@ def read_export(prefix: str | Path) -> tuple[list[dict[str, Any]], list[tuple[st
 
 
 def load(prefixes: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Records of one or more exports: the flat dicts of :func:`fedrun.report.mlflow_records` (``run_id``,
+    """Records of one or more exports: the flat dicts of :func:`mlflow_records` (``run_id``,
     ``status``, ``start_time``, ``end_time``, ``run_name``, ``experiment``, ``params.*``, ``tags.*``,
     ``metrics.<fedrun name>``) plus ``series``: {fedrun metric name: [(step, value), …] by step}."""
     from fedrun.tracking import internal_name

@@ -3,15 +3,16 @@ claims blocks) from the run exports committed in ``results/`` (:mod:`fedrun.expo
 when no NAME is given. ``--check`` writes nothing and exits 1 if a committed file differs from what the exports give;
 ``--export`` first exports the reports' MLflow experiments again. The reports: :mod:`fedrun.reports`.
 
-:func:`mlflow_records` turns finished MLflow runs into flat records (``params.*``, ``metrics.*``, ``tags.*``) with
-fedrun's own metric names (``metrics.best_test_accuracy``, not ``summary/best_test_accuracy``).
+:func:`fedrun.export.mlflow_records` (importable from here too) reads MLflow runs as flat records.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
+
+from fedrun.export import mlflow_records  # noqa: F401 - its former place here; the MLflow reader is fedrun.export's
 
 
 def save(text: str, path: str | Path) -> Path:
@@ -20,29 +21,6 @@ def save(text: str, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
-
-
-def mlflow_records(tracking_uri: str, experiment: str, filter_string: str = "") -> list[dict[str, Any]]:
-    """Runs of an MLflow experiment (sweep parents left out) as flat records: params.*, metrics.* (fedrun's names,
-    :func:`fedrun.tracking.internal_name`), tags.*, run_id, status, start_time."""
-    from mlflow.tracking import MlflowClient
-
-    from fedrun.tracking import internal_name
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise ValueError(f"experiment {experiment!r} not found at {tracking_uri}")
-    records = []
-    for run in client.search_runs([exp.experiment_id], filter_string=filter_string, max_results=50_000):
-        if run.data.tags.get("fedrun.kind") == "sweep":
-            continue
-        rec: dict[str, Any] = {"run_id": run.info.run_id, "status": run.info.status, "start_time": run.info.start_time}
-        rec.update({f"params.{k}": v for k, v in run.data.params.items()})
-        rec.update({f"metrics.{internal_name(k)}": v for k, v in run.data.metrics.items()})
-        rec.update({f"tags.{k}": v for k, v in run.data.tags.items()})
-        records.append(rec)
-    return records
 
 
 def default_root() -> Path:
