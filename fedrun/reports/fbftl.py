@@ -40,8 +40,9 @@ def _frame(root: Path, exports: list[Export]) -> pd.DataFrame:
     return df
 
 
-def table(root: Path) -> dict[Path, bytes]:
-    df = _frame(root, [FM, MF])
+def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100) -> dict[Path, bytes]:
+    """table.md from the two sweeps' exports (``exports``, ``rounds``: other runs, e.g. a CI-sized sweep)."""
+    df = _frame(root, list(exports))
     df["source"] = column(df, "params.scheme.source_dataset")
     m = lambda k: df[f"metrics.{k}"]  # noqa: E731
     df = df.assign(batches=m("upload_batches_total"), per_batch=m("params_per_batch"),
@@ -74,17 +75,17 @@ def table(root: Path) -> dict[Path, bytes]:
              P({"scheme": "fbftl"}, "per_batch", 4096, "line 57; notes lines 60–61",
                "6.6 Gb / (50,000 uploads × d = 32 bits) ≈ 4125 parameters per upload: the 4096 features of VGG-16's "
                "fully connected layer (N⁻ at the cut, line 57) plus the label")]
-    rep = Report("fbftl", root, f"{OUT}/table.md", [FM, MF], df, dims(
+    rep = Report("fbftl", root, f"{OUT}/table.md", list(exports), df, dims(
         target=dict(values=["mnist", "fashion_mnist"], labels={"mnist": "target MNIST",
                                                                "fashion_mnist": "target Fashion-MNIST"}),
         source=dict(values=["femnist", "mnist"], labels={"femnist": "FEMNIST", "mnist": "MNIST"}),
-        scheme=dict(values=SCHEMES, labels=SCHEMES), rounds=dict(values=[100]), seed={}),
+        scheme=dict(values=SCHEMES, labels=SCHEMES), rounds=dict(values=[rounds]), seed={}),
         where={"status": ("FINISHED",), "params.scheme.tune_lrs": ("None", ""),   # fbftl_tuned.md's runs search the lr
                "params.scheme.clients_hold_source": ("False", "")}, paper=paper,
         quantities={"up_gb": ("total uplink, Gb", "{:,.0f}"), "acc": ("final test accuracy", "{:.4f}"),
                     "batches": ("upload batches", "{:,.0f}"), "per_batch": ("parameters per upload batch", "{:,.0f}")})
-    expect = [dict(target="mnist", source="femnist", scheme=list(SCHEMES), rounds=100),
-              dict(target="fashion_mnist", source="mnist", scheme=list(SCHEMES), rounds=100)]
+    expect = [dict(target="mnist", source="femnist", scheme=list(SCHEMES), rounds=rounds),
+              dict(target="fashion_mnist", source="mnist", scheme=list(SCHEMES), rounds=rounds)]
     targets = rep.present("target")
     tl = lambda t: rep.dims["target"].label(t)  # noqa: E731
     s = lambda scheme, t: dict(scheme=scheme, target=t)  # noqa: E731
