@@ -606,7 +606,8 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     :class:`RunDiverged` on NaN/inf; the tracker's run is then marked KILLED / FAILED.
     """
     from fedrun.checkpoint import CHECKPOINT, CheckpointSchedule, StopFlag, config_hash, find_checkpoint, load_into
-    from fedrun.tracking import NullTracker, flatten, git_state
+    from fedrun.provenance import log_source
+    from fedrun.tracking import NullTracker, flatten
 
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     out = Path(out_dir) if out_dir is not None else Path.cwd()
@@ -635,16 +636,14 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
         run_id = load_into(ckpt_path, built, loop)["run_id"]
         log.info("resuming %s after round %d", out, loop.round)
     names = built.names
-    sha, dirty, diff = git_state()
     tags = {"scheme": names["scheme"], "dataset": names["dataset"], "model": names["model"],
-            "partition": names["partition"], "dp": names["dp"], "git_commit": sha + ("+dirty" if dirty else ""),
-            "git_dirty": str(dirty).lower(), "fedrun.config_hash": chash, "fedrun.num_parameters": str(built.sim.n)}
-    if dirty:  # the uncommitted changes the run ran with, logged as an artifact
-        (out / "git_diff.patch").write_text(diff)
+            "partition": names["partition"], "dp": names["dp"], "fedrun.config_hash": chash,
+            "fedrun.num_parameters": str(built.sim.n)}
     tags.update(built.sim.scheme.tags)
     params = flatten({k: v for k, v in c.items() if k not in ("hydra", "resume")})  # the logged params: the dict
     run_name = cfg.run_name or f"{names['scheme']}-{names['dataset']}"
     tracker.start(params, tags, run_name=run_name, run_id=run_id)
+    log_source(tracker, out)  # the code it runs: commit, and a dirty tree's diff as an artifact (fedrun.provenance)
     if ckpt_path is None:
         (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(c)))
         tracker.log_metrics({f"partition_{k}": float(v) for k, v in built.partition_stats.items()}, step=0)
@@ -686,7 +685,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
         tracker.set_tags({"fedrun.failure_reason": str(exc)})
         raise
     finally:
-        for name in ("config.yaml", "metrics.csv", "test_accuracy.png", "test_mse.png", "git_diff.patch"):
+        for name in ("config.yaml", "metrics.csv", "test_accuracy.png", "test_mse.png"):
             if (out / name).exists():
                 try:
                     tracker.log_artifact(out / name)
