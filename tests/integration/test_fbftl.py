@@ -1,6 +1,6 @@
 """Paper 003 end to end: FL, FTL-full, FTL-c and FbFTL through fedrun's own build/run path, with a tiny
 source model trained in the test into a temporary cache, and a CI-sized version of the comparison (the bytes
-every run logs; slow: through MLflow and the generic report).
+every run logs; slow: through MLflow, the export and the paper's report).
 
 To stay fast on the 2-core CI machine the datasets are cut to their first few thousand samples (the
 loader is wrapped; partitioning, models, schemes and bytes are fedrun's own), and torch uses one thread.
@@ -363,34 +363,37 @@ def test_ci_sized_comparison_counts_every_byte(env, tmp_path):
 
 @pytest.mark.slow
 def test_ci_sized_comparison_table_from_mlflow(env, tmp_path):
-    """The results pipeline at CI size: four runs tracked in MLflow, then ``python -m fedrun.report fbftl
-    --export`` (MLflow → export → table.md) with the real spec, pointed at these runs (2 rounds, one pair)."""
-    import yaml
+    """The results pipeline at CI size: four runs tracked in MLflow, exported (MLflow → export, as ``python -m
+    fedrun.report fbftl --export`` does) and the real report (fedrun.reports.fbftl.table) pointed at that export
+    and 2 rounds (one pair)."""
+    import shutil
 
-    from fedrun.report import main as report, mlflow_records
-    from fedrun.reports import readme
-    from fedrun.reports.spec import yaml_load
+    from fedrun.export import export
+    from fedrun.report import mlflow_records
+    from fedrun.reports import fbftl
+    from fedrun.reports.common import Export, markers
     from fedrun.tracking import MlflowTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for scheme in ("fl", "ftl_full", "ftl_c", "fbftl"):
         run(cfg(env, scheme, "eval_every=2"), tracker=MlflowTracker(uri, "fbftl-ci"), out_dir=tmp_path / scheme)
     _check_bytes(mlflow_records(uri, "fbftl-ci"))
-    root = tmp_path / "repo"
-    (root / "conf" / "report").mkdir(parents=True)
-    raw = yaml_load((REPO / "conf" / "report" / "fbftl.yaml").read_text())
-    raw["exports"] = [{"path": "results/fbftl/runs/fbftl-ci", "experiment": "fbftl-ci"}]
-    raw["dims"]["rounds"]["values"] = [ROUNDS]
-    raw["expect"] = [{"target": "mnist", "source": "femnist", "scheme": ["fl", "ftl_full", "ftl_c", "fbftl"],
-                      "rounds": ROUNDS}]
-    (root / "conf" / "report" / "fbftl.yaml").write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
-    start, end = readme.markers("fbftl")
+    root = tmp_path / "repo"   # the report's text and a README with its claims block
+    (root / "results" / "fbftl").mkdir(parents=True)
+    shutil.copy(REPO / "results" / "fbftl" / "table.template.md", root / "results" / "fbftl" / "table.template.md")
+    start, end = markers("fbftl")
     (root / "README.md").write_text(f"# A README\n{start}\n{end}\n")
-    assert report(["fbftl", "--root", str(root), "--export", "--uri", uri]) == 0
-    text = (root / "results" / "fbftl" / "table.md").read_text()
+    # the runs come from this checkout, which may have uncommitted changes
+    _, _, n = export(uri, ["fbftl-ci"], root / "results" / "fbftl" / "runs", allow_dirty=True)
+    assert n == 4
+    exports = (Export("results/fbftl/runs/fbftl-ci", "fbftl-ci"),)
+    files = fbftl.table(root, exports, rounds=ROUNDS)
+    assert fbftl.table(root, exports, rounds=ROUNDS) == files   # the same export gives the same files
+    text = files[Path("results/fbftl/table.md")].decode()
+    assert "Runs: 4 in the export `results/fbftl/runs/fbftl-ci.runs.csv.gz`; 4 in the tables" in text
+    assert "<!-- claims: fbftl" in files[Path("README.md")].decode()
     rows = {ln.split("|")[2].strip(): [x.strip() for x in ln.split("|")[1:-1]]
             for ln in text.split("## Test accuracy")[0].splitlines() if ln.startswith("| FEMNIST |")}
     assert list(rows) == ["FL", "FTL-full", "FTL-c", "FbFTL"]
     assert rows["FbFTL"][2] == f"{N_TRAIN:,} (1)" and rows["FTL-c"][4] == f"{F2:,}"
     assert rows["FL"][7] == f"{8 * 20 * 4 * TOTAL / 1e9:.4g} (1)"
-    assert report(["fbftl", "--root", str(root), "--check"]) == 0

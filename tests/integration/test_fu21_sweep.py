@@ -1,8 +1,8 @@
 """Paper 001's Lending Club tables as two Hydra sweeps (experiment=fu21_lending_club, fixed T = 100, and
-experiment=fu21_lending_club_tg10, fixed T_g = 10) plus the report conf/report/fu21_lending_club.yaml: the sweeps
-fill exactly the cells the report expects, skip finished runs, and a T_g = 10 job is the same configuration (the
-same fedrun.config_hash) as the command line the committed runs were made with. Composes configs only (no data,
-no training)."""
+experiment=fu21_lending_club_tg10, fixed T_g = 10) plus the report fedrun.reports.fu21 (``python -m fedrun.report
+fu21_lending_club``): the sweeps fill exactly the cells the report expects, skip finished runs, and a T_g = 10 job
+is the same configuration (the same fedrun.config_hash) as the command line the committed runs were made with.
+Composes configs only (no data, no training)."""
 
 from __future__ import annotations
 

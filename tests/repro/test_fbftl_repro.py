@@ -1,7 +1,7 @@
 """Paper 003 (FbFTL), reduced: the MNIST → Fashion-MNIST experiment of results/fbftl/ with 30 rounds instead
-of 100, all four schemes tracked in a fresh MLflow store, then ``python -m fedrun.report fbftl --export`` on it (the
-real spec pointed at these runs). Checks the paper's claims that hold on our data (see results/fbftl/README.md). Slow: about 5 minutes on the 2-core machine
-(source model trained from scratch into a temporary cache).
+of 100, all four schemes tracked in a fresh MLflow store, exported, and the report (fedrun.reports.fbftl.table)
+pointed at that export and 30 rounds. Checks the paper's claims that hold on our data (see results/fbftl/README.md).
+Slow: about 5 minutes on the 2-core machine (source model trained from scratch into a temporary cache).
 
     .venv/bin/python -m pytest -m slow tests/repro/test_fbftl_repro.py
 """
@@ -9,15 +9,16 @@ real spec pointed at these runs). Checks the paper's claims that hold on our dat
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
-from fedrun.report import main as report, mlflow_records
-from fedrun.reports import readme
-from fedrun.reports.spec import yaml_load
+from fedrun.export import export
+from fedrun.report import mlflow_records
+from fedrun.reports import fbftl
+from fedrun.reports.common import Export, markers
 from fedrun.run import run
 from fedrun.tracking import MlflowTracker
 
@@ -55,17 +56,16 @@ def test_mnist_to_fashion_claims(shared_data, tmp_path, monkeypatch):
     assert m["fbftl"]("best_test_accuracy") > m["ftl_c"]("best_test_accuracy")  # server SGD: many more steps
     assert m["fbftl"]("best_test_accuracy") > 0.72
 
-    root = tmp_path / "repo"   # the real spec, pointed at these runs (30 rounds, one pair), and a README block
-    (root / "conf" / "report").mkdir(parents=True)
-    raw = yaml_load((REPO / "conf" / "report" / "fbftl.yaml").read_text())
-    raw["exports"] = [{"path": "results/fbftl/runs/fbftl-repro", "experiment": "fbftl-repro", "every": 5}]
-    raw["dims"]["rounds"]["values"] = [ROUNDS]
-    raw["expect"] = [{"target": "fashion_mnist", "source": "mnist", "scheme": list(SCHEMES), "rounds": ROUNDS}]
-    (root / "conf" / "report" / "fbftl.yaml").write_text(yaml.safe_dump(raw, allow_unicode=True, sort_keys=False))
-    start, end = readme.markers("fbftl")
+    root = tmp_path / "repo"   # the report's text and a README with its claims block; the export of these runs
+    (root / "results" / "fbftl").mkdir(parents=True)
+    shutil.copy(REPO / "results" / "fbftl" / "table.template.md", root / "results" / "fbftl" / "table.template.md")
+    start, end = markers("fbftl")
     (root / "README.md").write_text(f"# A README\n{start}\n{end}\n")
-    assert report(["fbftl", "--root", str(root), "--export", "--uri", uri]) == 0
-    text = (root / "results" / "fbftl" / "table.md").read_text()
+    # the runs come from this checkout, which may have uncommitted changes
+    export(uri, ["fbftl-repro"], root / "results" / "fbftl" / "runs", every=5, allow_dirty=True)
+    exports = (Export("results/fbftl/runs/fbftl-repro", "fbftl-repro", every=5),)
+    files = fbftl.table(root, exports, rounds=ROUNDS)
+    text = files[Path("results/fbftl/table.md")].decode()
     assert "### target Fashion-MNIST" in text and text.count("| MNIST | F") == 4 * 3   # 4 schemes × 3 tables
-    assert report(["fbftl", "--root", str(root), "--check"]) == 0
+    assert fbftl.table(root, exports, rounds=ROUNDS) == files   # the same export gives the same files
     assert os.environ["FEDRUN_CACHE"] == str(tmp_path / "cache")
