@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from fedrun.reports import fbftl, fedsketch, foundation, fu21, kerkouche21
+from fedrun.reports import deploy, fbftl, fedsketch, foundation, fu21, kerkouche21
 
 K, F = kerkouche21, fedsketch
 REPORTS = {
@@ -28,4 +28,5 @@ REPORTS = {
     "fbftl": (fbftl.table, [fbftl.FM, fbftl.MF]),
     "fbftl_tuned": (fbftl.tuned, [fbftl.TUNED, fbftl.FM, fbftl.MF]),
     "foundation_fl_std": (foundation.fl_std, [foundation.EXPORT]),
+    "deploy": (deploy.deploy, [deploy.K, deploy.F]),
 }
