@@ -142,8 +142,8 @@ class Observer:
             self._cur["messages"].append((message.nbytes, int(count)))
             uplink(message, count)
 
-        def open_spy(rnd, clients, weights, dim):
-            agg = open_(rnd, clients, weights, dim)
+        def open_spy(rnd, clients, weights, dim, field=None):
+            agg = open_(rnd, clients, weights, dim, field)
             rec = {"dim": int(dim), "widths": set(), "rows": 0, "nonzeros": 0}
             add = agg.add
 
