@@ -381,10 +381,10 @@ def resolve_deployment(c: dict[str, Any], scheme_cls: type) -> None:
         except ValueError as exc:
             raise ConfigError(f"secagg={name}: {exc}") from None
     if net.get("name") != "none":
-        from fedrun.deployment import profile_of
+        from fedrun.network import Profile
 
         try:
-            profile = profile_of(net)
+            profile = Profile.from_config(net)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         sampler = str(c.get("sampler", {}).get("_target_", "")).rsplit(".", 1)[-1]

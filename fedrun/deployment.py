@@ -35,15 +35,6 @@ from fedrun.network import Devices, Profile, round_timing
 from fedrun.secagg import FieldQuantizer, round_fails, secagg_cost
 
 
-#: keys of the ``network`` group that are the run summary's targets, not the profile's
-TARGETS = ("target_accuracy", "target_epsilon")
-
-
-def profile_of(network: dict) -> Profile | None:
-    """The ``network`` group's :class:`Profile` (None for ``network=none``); its summary targets set apart."""
-    return Profile.from_config({k: v for k, v in network.items() if k not in TARGETS})
-
-
 @dataclass(frozen=True)
 class SecAggSettings:
     """``secagg=secagg|secagg_plus``: the protocol, the field's bits per coordinate, the quantisation range, the

@@ -38,7 +38,9 @@ import numpy as np
 from fedrun.rng import numpy_rng
 
 _FIELDS = ("uplink_bps", "downlink_bps", "latency_s", "flops_per_s")
-_KEYS = ("name", *_FIELDS, "availability", "deadline_s", "over_selection", "trace")
+#: the run summary's targets (time_to_accuracy_s, time_to_epsilon_s) ride in the same config group; not the profile's
+TARGETS = ("target_accuracy", "target_epsilon")
+_KEYS = ("name", *_FIELDS, "availability", "deadline_s", "over_selection", "trace", *TARGETS)
 _DISTS = {"lognormal": ("median", "sigma"), "uniform": ("low", "high"), "constant": ("value",)}
 
 

@@ -211,9 +211,9 @@ def network_profile(cfg: RunConfig):
     """``network=``'s profile (:class:`fedrun.network.Profile`), None for ``network=none``."""
     if cfg.network.get("name", "none") == "none":
         return None
-    from fedrun.deployment import profile_of
+    from fedrun.network import Profile
 
-    return profile_of(dict(cfg.network))
+    return Profile.from_config(dict(cfg.network))
 
 
 def make_deployment(cfg: RunConfig, profile, model, x_train, y_train, parts, spec: LocalSpec, loss: str,
