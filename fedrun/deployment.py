@@ -25,7 +25,6 @@ expectation when f × completion rate = 1 (fewer survivors shrink the step, more
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,7 +73,6 @@ class Deployment:
         self.failed = False
         self.metrics: dict[str, float] = {}
         self._timing = None
-        self._cost = None
 
     def upload_bytes(self, message_bytes: int, dim: int) -> int:
         """One client's upload: the masked vector at ``bits`` per coordinate under SecAgg, else the message."""
@@ -85,10 +83,10 @@ class Deployment:
         """The selected ``clients`` whose upload reaches the server, and whether the round fails (SecAgg: fewer
         survivors than its threshold). Sets this round's clock and SecAgg bytes (:attr:`metrics`)."""
         self.metrics = {"clock_discarded": 0.0} if self.report_goal is not None and self.devices is not None else {}
-        self._cost = cost = None
+        cost = None
         if self.secagg is not None and len(clients):
             sec = self.secagg
-            cost = self._cost = secagg_cost(sec.protocol, len(clients), dim, sec.bits, sec.dropout, sec.corrupt)
+            cost = secagg_cost(sec.protocol, len(clients), dim, sec.bits, sec.dropout, sec.corrupt)
         active = clients
         if self.devices is not None:
             extra_up = cost.client_uplink_bytes if cost else 0.0
@@ -128,10 +126,9 @@ class Deployment:
         m = dict(self.metrics)
         if self.devices is not None:
             t, done = self._timing, self.done
-            m.update({"clock_download_s": float(t.download_s[done].max()) if done.any() else 0.0,
-                      "clock_compute_s": float(t.compute_s[done].max()) if done.any() else 0.0,
-                      "clock_upload_s": float(t.upload_s[done].max()) if done.any() else 0.0,
-                      "clock_dropped": float((~t.completed).sum())})
+            for part in ("download", "compute", "upload"):  # the slowest completing client's, each
+                m[f"clock_{part}_s"] = float(getattr(t, f"{part}_s")[done].max()) if done.any() else 0.0
+            m["clock_dropped"] = float((~t.completed).sum())
             extra = 0.0
             if second_exchange is not None and len(second_exchange[0]):
                 ids, up, down = second_exchange

@@ -170,11 +170,7 @@ def privacy_report(c: dict) -> str:
         return f"dp: {cfg.dp} (no client-level accountant)"
     if cfg.num_clients is None:
         return "dp: ε is reported when the run starts (num_clients=null: the dataset's own clients, known once loaded)"
-    sampler = _instantiate(cfg.sampler, num_clients=cfg.num_clients)
-    profile = network_profile(cfg)
-    factor = profile.over_selection if profile is not None else 1.0
-    if factor != 1:
-        sampler = over_select(sampler, factor)
+    _, sampler, factor, _ = make_sampler(cfg, cfg.num_clients)
     return epsilon_report(make_client_dp(cfg, sampler, factor), cfg.rounds, compare=True)
 
 
@@ -207,13 +203,19 @@ def epsilon_report(dp: ClientDP, rounds: int, compare: bool = False) -> str:
     return f"{line}; Poisson at q = {q:.4g} would give ε = {poisson} (add/remove-one)"
 
 
-def network_profile(cfg: RunConfig):
-    """``network=``'s profile (:class:`fedrun.network.Profile`), None for ``network=none``."""
+def make_sampler(cfg: RunConfig, num_clients: int):
+    """(``network=``'s profile or None, the sampler that draws the cohorts, its over-selection factor f, the report
+    goal): with f > 1 the sampler draws f times the target cohort, and a round closes once ⌈target⌉ have reported."""
+    sampler = _instantiate(cfg.sampler, num_clients=num_clients)
     if cfg.network.get("name", "none") == "none":
-        return None
+        return None, sampler, 1.0, None
     from fedrun.network import Profile
 
-    return Profile.from_config(dict(cfg.network))
+    profile = Profile.from_config(dict(cfg.network))
+    f = profile.over_selection
+    if f == 1:
+        return profile, sampler, 1.0, None
+    return profile, over_select(sampler, f), f, math.ceil(sampler.expected_clients)
 
 
 def make_deployment(cfg: RunConfig, profile, model, x_train, y_train, parts, spec: LocalSpec, loss: str,
@@ -316,14 +318,8 @@ def build(c: dict | RunConfig) -> Built:
     loss = "cross_entropy" if dataset.task == "classification" else "mse"
     spec = LocalSpec(mode=cfg.local_mode, steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr,
                      clip_norm=cfg.local_clip, loss=loss, clip_mode=cfg.local_clip_mode, clip_ord=cfg.local_clip_ord)
-    sampler = _instantiate(cfg.sampler, num_clients=len(parts))
+    profile, sampler, factor, goal = make_sampler(cfg, len(parts))
     scheme = _instantiate({k: v for k, v in cfg.scheme.items() if k != "name"})
-    profile = network_profile(cfg)
-    factor = profile.over_selection if profile is not None else 1.0
-    goal = None  # over-selected: the round closes once the target cohort has reported
-    if factor != 1:
-        goal = math.ceil(sampler.expected_clients)
-        sampler = over_select(sampler, factor)
     mode = cfg.dp
     client_dp = make_client_dp(cfg, sampler, factor) if mode == "client" else None
     local_dp = None
