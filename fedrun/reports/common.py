@@ -91,14 +91,19 @@ def md(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 # ------------------------------------------------------------------------------------------------ runs
 def load(root: Path, exports: Sequence[Export]) -> pd.DataFrame:
     """The runs of the exports, one row each: ``params.*``, ``tags.*`` (text), ``metrics.*`` (floats), ``run_id``,
-    ``status``, ``start_time``, ``end_time``, and ``series`` ({metric: [(step, value)]})."""
+    ``status``, ``start_time``, ``end_time``, ``series`` ({metric: [(step, value)]}) and ``seed`` (params.seed)."""
     from fedrun.export import load as load_records
 
     df = pd.DataFrame(load_records([root / e.path for e in exports]), dtype=object)
     for c in df.columns:
         if c.startswith("metrics."):
             df[c] = df[c].map(number).astype(float)
-    return df
+    return df.assign(seed=column(df, "params.seed", kind=int))
+
+
+def export(out: str, name: str, every: int | None = None, metrics: tuple | None = None) -> Export:
+    """The export ``<out>/runs/<name>`` of the MLflow experiment ``name``."""
+    return Export(f"{out}/runs/{name}", name, every, metrics)
 
 
 def column(df: pd.DataFrame, *sources: str, kind: Callable[[Any], Any] = str, map: Mapping[str, Any] | None = None,
@@ -150,8 +155,10 @@ class Dim(NamedTuple):
 
 
 def dims(**kw: dict) -> dict[str, Dim]:
-    """``dims(scheme=dict(values=…, labels=…, header=…), …)`` → {name: Dim}, in order (the last is the seed)."""
-    return {k: Dim(k, None if v.get("values") is None else tuple(v["values"]), v.get("labels", {}), v.get("header", k))
+    """``dims(scheme=dict(values=…, labels=…, header=…), …)`` → {name: Dim}, in order (the last is the seed); values
+    given as a dict are labelled by it unless labels are given."""
+    return {k: Dim(k, None if v.get("values") is None else tuple(v["values"]),
+                   v.get("labels", v["values"] if isinstance(v.get("values"), dict) else {}), v.get("header", k))
             for k, v in kw.items()}
 
 
@@ -444,11 +451,11 @@ class Report:
             out[Path(README)] = splice(path.read_text(), self.name, body).encode("utf-8")
         return out
 
-    def curves(self, file: str, series: str, panels: Sequence[str], lines: Sequence[str], title: str, ylabel: str,
-               where: Mapping[str, Any] = {}, color: tuple | None = None, style: tuple | None = None,
-               xlabel: str = "round", yscale: str = "linear") -> bytes:
-        """A figure: per panel (every combination of the ``panels`` dims with runs), one line per combination of
-        the ``lines`` dims: the mean (± std) of ``series`` per step over its runs. ``color``/``style``: (dim, map)."""
+    def curves(self, file: str, panels: Sequence[str], lines: Sequence[str], title: str, where: Mapping = {},
+               color: tuple | None = None, style: tuple | None = None, series: str = "test_accuracy",
+               ylabel: str = "test accuracy", xlabel: str = "round", yscale: str = "linear") -> dict[str, bytes]:
+        """{file: a figure}: per panel (every combination of the ``panels`` dims with runs), one line per combination
+        of the ``lines`` dims: the mean (± std) of ``series`` per step over its runs. ``color``/``style``: (dim, map)."""
         from fedrun.reports.figure import Curve, draw
 
         values = [self.present(d, where) for d in panels]
@@ -471,7 +478,7 @@ class Report:
                                         style and style[1].get(lat.get(style[0]))))
             out.append((", ".join(self.dims[d].label(v) for d, v in zip(panels, combo)), curves))
         ncols = len(values[-1]) if len(panels) >= 2 else min(2, max(1, len(out)))
-        return draw(out, file, title, xlabel, ylabel, max(1, ncols), yscale)
+        return {file: draw(out, file, title, xlabel, ylabel, max(1, ncols), yscale)}
 
 
 RULE = (f"Rule: each comparison is a difference of cell means over seeds (or a difference of such differences), "
