@@ -3,10 +3,12 @@ tables, claims, figures, and the report's files (:meth:`Report.files`)."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import re
 import sys
+from collections import namedtuple
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
@@ -456,8 +458,6 @@ class Report:
                ylabel: str = "test accuracy", xlabel: str = "round", yscale: str = "linear") -> dict[str, bytes]:
         """{file: a figure}: per panel (every combination of the ``panels`` dims with runs), one line per combination
         of the ``lines`` dims: the mean (± std) of ``series`` per step over its runs. ``color``/``style``: (dim, map)."""
-        from fedrun.reports.figure import Curve, draw
-
         values = [self.present(d, where) for d in panels]
         out = []
         for combo in itertools.product(*values):
@@ -520,3 +520,66 @@ def splice(readme: str, name: str, body: str) -> str:
         raise ValueError(f"{README} {'has no' if not found else f'has {len(found)}'} claims block for {name}: add "
                          f"the two lines {start!r} and {end!r} where its verdicts belong")
     return pattern.sub(lambda _m: f"{start}\n{body}\n{end}", readme)
+
+
+# ------------------------------------------------------------------------------------------------ figures
+#: one line of a panel: the mean and std over runs per step, the most runs at a step, its colour and line style
+Curve = namedtuple("Curve", "label steps mean std n color linestyle")
+#: the same matplotlib gives the same bytes: SVG ids from a fixed salt, glyphs as paths, matplotlib's DejaVu Sans
+RC = {"svg.hashsalt": "fedrun-report", "svg.fonttype": "path", "font.family": "DejaVu Sans", "path.simplify": False,
+      "figure.dpi": 100}
+
+
+def draw(panels: Sequence[tuple[str, Sequence[Curve]]], file: str, title: str = "", xlabel: str = "round",
+         ylabel: str = "", ncols: int = 2, yscale: str = "linear") -> bytes:
+    """The figure's bytes (SVG or PNG by ``file``'s extension, no date or software metadata): one panel per (title,
+    curves), ``ncols`` a row, y shared (``yscale``: linear or log; on a log scale no band reaching 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    kind = "svg" if file.endswith(".svg") else "png"
+    with matplotlib.rc_context(RC):
+        cols = max(1, min(len(panels), ncols))
+        rows = math.ceil(max(1, len(panels)) / cols)
+        height = 3.4 * rows + 0.9
+        fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, height), sharey=True, squeeze=False)
+        handles: dict[str, object] = {}  # one legend for the figure: a line's label → its first handle
+        for ax, (ptitle, lines) in zip(axes.flat, panels):
+            for c in lines:
+                (h,) = ax.plot(c.steps, c.mean, color=c.color, linestyle=c.linestyle or "-", marker=".",
+                               markersize=3, linewidth=1.2, label=c.label)
+                handles.setdefault(c.label, h)
+                lo = [m - s for m, s in zip(c.mean, c.std) if not math.isnan(s)]
+                if len(lo) == len(c.mean) and (yscale == "linear" or min(lo, default=1) > 0):  # log: no band to ≤ 0
+                    ax.fill_between(c.steps, lo, [m + s for m, s in zip(c.mean, c.std)], color=c.color, alpha=0.12,
+                                    linewidth=0)
+            seeds = sorted({c.n for c in lines})
+            ax.set_title(ptitle + ("" if not seeds else f" (n = {seeds[0]}" + (f"–{seeds[-1]})" if len(seeds) > 1
+                                                                                 else ")")), fontsize=9)
+            if yscale != "linear":
+                ax.set_yscale(yscale)
+            ax.grid(alpha=0.3)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if not lines:
+                ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", va="center", color="gray")
+        for ax in list(axes.flat)[len(panels):]:
+            ax.set_visible(False)
+        for ax in axes[-1]:
+            ax.set_xlabel(xlabel)
+        for row in axes:
+            row[0].set_ylabel(ylabel)
+        if handles:
+            fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(5, len(handles)),
+                       fontsize=7, frameon=False)
+        if title:
+            fig.suptitle(title, fontsize=10)
+        # fixed margins (no tight_layout: seconds per figure, and the same bytes either way)
+        fig.subplots_adjust(left=0.6 / (4.6 * cols), right=1 - 0.15 / (4.6 * cols), top=1 - 0.55 / height,
+                            bottom=(0.5 + 0.18 * math.ceil(len(handles) / 5)) / height, wspace=0.08, hspace=0.35)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=kind, metadata={"Date": None} if kind == "svg" else {"Software": None}, dpi=100)
+        plt.close(fig)
+    return buf.getvalue()
