@@ -10,7 +10,7 @@ import re
 import sys
 from collections import namedtuple
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -21,15 +21,10 @@ MET, NOT_MET, OPEN = "met", "not met", "inconclusive"
 README = "README.md"
 
 
-class Export(NamedTuple):
-    """A committed export (``<path>.runs.csv.gz`` + ``.metrics.csv.gz``) and how ``--export`` makes it again."""
-    path: str
-    experiment: str
-    every: int | None = None
-    metrics: tuple[str, ...] | None = None
+#: a committed export (``<path>.runs.csv.gz`` + ``.metrics.csv.gz``) and how ``--export`` makes it again
+Export = namedtuple("Export", "path experiment every metrics", defaults=(None, None))
 
 
-# ------------------------------------------------------------------------------------------------ numbers
 def number(x: Any) -> float:
     """A record value as a float (NaN when missing or not a number; MLflow's ±max float is ±∞)."""
     try:
@@ -90,7 +85,6 @@ def md(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
-# ------------------------------------------------------------------------------------------------ runs
 def load(root: Path, exports: Sequence[Export]) -> pd.DataFrame:
     """The runs of the exports, one row each: ``params.*``, ``tags.*`` (text), ``metrics.*`` (floats), ``run_id``,
     ``status``, ``start_time``, ``end_time``, ``series`` ({metric: [(step, value)]}) and ``seed`` (params.seed)."""
@@ -138,12 +132,8 @@ def at(points: list, step: float) -> float:
     return next((number(v) for s, v in points if s == step), math.nan)
 
 
-class Dim(NamedTuple):
+class Dim(namedtuple("Dim", "name values labels header")):
     """How a dim's values read: ``values`` (the order, and the values kept; None: any), ``labels``, ``header``."""
-    name: str
-    values: tuple | None
-    labels: Mapping[Any, str]
-    header: str
 
     def label(self, v: Any) -> str:
         return self.labels[v] if v in self.labels else (f"{v:g}" if isinstance(v, float) else str(v))
@@ -164,38 +154,15 @@ def dims(**kw: dict) -> dict[str, Dim]:
             for k, v in kw.items()}
 
 
-class Cell(NamedTuple):
-    """A table column: a measured value (``value``, shown by ``how``) or the paper's number (``paper``);
-    ``level``: how many of the column dims it is split by (default all); ``best``: min/max in a row is bold."""
-    header: str = ""
-    value: str | None = None
-    how: str = "mean_std"
-    spec: str = "{:.3f}"
-    level: int | None = None
-    best: str | None = None
-    paper: str | None = None
-
-
-class P(NamedTuple):
-    """A number of the paper: where it is for (dims), the quantity, where it stands, how it was inferred if it was."""
-    at: dict
-    quantity: str
-    number: float
-    where: str
-    how: str = ""
-    spec: str | None = None
-
-
-class Claim(NamedTuple):
-    """A claim of the paper: ``comps`` (:func:`gt`, :func:`near`, …) must all hold (``any``: one); ``fixed``: instead
-    a verdict stated without a test (``by construction``, ``exploratory``) and why."""
-    text: str
-    value: str
-    comps: tuple
-    paper: str = ""
-    where: str = ""
-    any: bool = False
-    fixed: tuple[str, str] | None = None
+#: a table column: a measured value (``value``, shown by ``how``) or the paper's number (``paper``); ``level``: how
+#: many of the column dims it is split by (default all); ``best``: min/max in a row is bold
+Cell = namedtuple("Cell", "header value how spec level best paper", defaults=("", None, "mean_std", "{:.3f}", None,
+                                                                              None, None))
+#: a number of the paper: where it is for (dims), the quantity, where it stands, how it was inferred if it was
+P = namedtuple("P", "at quantity number where how spec", defaults=("", None))
+#: a claim of the paper: ``comps`` (:func:`gt`, :func:`near`, …) must all hold (``any``: one); ``fixed``: instead a
+#: verdict stated without a test (``by construction``, ``exploratory``) and why
+Claim = namedtuple("Claim", "text value comps paper where any fixed", defaults=("", "", False, None))
 
 
 def contrast(terms: tuple, kind: str = ">", bound: float = 0.0, center: float = 0.0) -> tuple:
@@ -220,7 +187,6 @@ def saving(text: str, value: str, left: dict, right: dict, at_least: float, pape
     return Claim(text, value, (contrast(((left, 1.0), (right, -1.0)), "saving", at_least),), paper, where, fixed=fixed)
 
 
-# ------------------------------------------------------------------------------------------------ a report
 class Report:
     """One results file: its runs (a frame with the dims as columns, ``dims`` in order, the last the seed) and
     what it says. ``where``: {column: allowed texts} filters, stated in the runs line."""
@@ -250,7 +216,6 @@ class Report:
             self.left.append(f"{len(df) - len(self.runs)} older repeats of a (cell, {self.seed})")
         self.marks = {i: MARKS[j % 6] * (1 + j // 6) for j, i in enumerate(i for i, p in enumerate(paper) if p.how)}
 
-    # ---------------------------------------------------------------------------------------- cells
     def match(self, at: Mapping[str, Any]) -> pd.DataFrame:
         """The runs of every cell matching ``at`` (a partial assignment; a tuple: any of its values)."""
         runs = self.runs
@@ -275,7 +240,6 @@ class Report:
     def describe(self, at: Mapping[str, Any]) -> str:
         return " ".join(self.dims[d].tag(v) for d, v in at.items() if d in self.dims)
 
-    # ---------------------------------------------------------------------------------------- text
     def runs_line(self) -> str:
         names = [f"`{e.path}.runs.csv.gz`" for e in self.exports]
         text = (f"Runs: {self.read} in the export{'s' if len(names) > 1 else ''} {', '.join(names)}; "
@@ -370,7 +334,6 @@ class Report:
                 "paper states it (read) or it was worked out from what the paper states (inferred, marked).\n\n"
                 + md(["cell", "quantity", "paper", "where in the paper", "read or inferred"], rows))
 
-    # ---------------------------------------------------------------------------------------- claims
     def test(self, claim: Claim) -> dict[str, Any]:
         """One claim before the family's correction: {verdict} when it is decided without a test, else {p, met,
         text (the numbers per comparison), needed (seeds per cell, for an undecided claim)}."""
@@ -432,7 +395,6 @@ class Report:
                  for c, (v, detail) in zip(claims, self.verdicts(claims))]
         return "## The paper's claims\n\n" + RULE + "\n\n" + "\n".join(lines) + "\n"
 
-    # ---------------------------------------------------------------------------------------- files
     def files(self, blocks: Mapping[str, str], figures: Mapping[str, bytes] = {}, claims: Sequence[Claim] = (),
               expect: Sequence[Mapping[str, Any]] = (), readme: bool = True) -> dict[Path, bytes]:
         """The report's files (paths relative to the root): its figures, its markdown (the template
@@ -456,8 +418,8 @@ class Report:
     def curves(self, file: str, panels: Sequence[str], lines: Sequence[str], title: str, where: Mapping = {},
                color: tuple | None = None, style: tuple | None = None, series: str = "test_accuracy",
                ylabel: str = "test accuracy", xlabel: str = "round", yscale: str = "linear") -> dict[str, bytes]:
-        """{file: a figure}: per panel (every combination of the ``panels`` dims with runs), one line per combination
-        of the ``lines`` dims: the mean (± std) of ``series`` per step over its runs. ``color``/``style``: (dim, map)."""
+        """{file: a figure}: per panel (every combination of the ``panels`` dims with runs), one line per
+        combination of the ``lines`` dims: the mean (± std) of ``series`` per step. ``color``/``style``: (dim, map)."""
         values = [self.present(d, where) for d in panels]
         out = []
         for combo in itertools.product(*values):
@@ -522,7 +484,6 @@ def splice(readme: str, name: str, body: str) -> str:
     return pattern.sub(lambda _m: f"{start}\n{body}\n{end}", readme)
 
 
-# ------------------------------------------------------------------------------------------------ figures
 #: one line of a panel: the mean and std over runs per step, the most runs at a step, its colour and line style
 Curve = namedtuple("Curve", "label steps mean std n color linestyle")
 #: the same matplotlib gives the same bytes: SVG ids from a fixed salt, glyphs as paths, matplotlib's DejaVu Sans

@@ -37,9 +37,9 @@ def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100)
     m = lambda k: df[f"metrics.{k}"]  # noqa: E731
     df = df.assign(batches=m("upload_batches_total"), per_batch=m("params_per_batch"),
                    batch_kb=m("uplink_bytes_per_batch") * 8 / 1e3, up_gb=m("uplink_bytes_final") * 8 / 1e9,
-                   up_formula_gb=m("paper_uplink_bits") / 1e9, down_bcast_mb=m("downlink_broadcast_bytes_total") * 8 / 1e6,
-                   down_formula_mb=m("paper_downlink_bits") / 1e6, down_client_gb=m("downlink_bytes_final") * 8 / 1e9,
-                   best_round=m("best_round"), up_best_gb=m("uplink_bytes_at_best") * 8 / 1e9,
+                   up_formula_gb=m("paper_uplink_bits") / 1e9, down_formula_mb=m("paper_downlink_bits") / 1e6,
+                   down_bcast_mb=m("downlink_broadcast_bytes_total") * 8 / 1e6, best_round=m("best_round"),
+                   down_client_gb=m("downlink_bytes_final") * 8 / 1e9, up_best_gb=m("uplink_bytes_at_best") * 8 / 1e9,
                    source_acc=m("source_test_accuracy").where(df.scheme.isin(["ftl_full", "ftl_c", "fbftl"])))
     for k, v in (("server_lr", "server_lr"), ("leak", "label_leakage_bits"),
                  ("leak_expected", "label_leakage_expected_bits"), ("prior_bits", "label_prior_bits")):

@@ -199,7 +199,8 @@ def gate_diagnostics(root: Path) -> dict[Path, bytes]:
         sketch=dict(values={"20": "(20, 40)", "1": "(1, 800)"}, header="sketch (t, k)"),
         heavy=dict(values={"k": "", "61706": "m = d (exact)"}, header="heavy coordinates"),
         hashes=dict(values={"fixed": "fixed", "per_round": "fresh per round"}), lr=dict(header="η"),
-        status=dict(values={"FINISHED": "ok", "FAILED": "diverged"}), seed={}), where={"status": ("FINISHED", "FAILED")})
+        status=dict(values={"FINISHED": "ok", "FAILED": "diverged"}), seed={}),
+        where={"status": ("FINISHED", "FAILED")})
     rows = ["unsketch", "sketch", "heavy", "hashes", "lr", "status"]
     return rep.files({b: rep.table(rows, [Cell(f"round {k}", f"{c}{k}", "same", "{:.2g}") for k in steps])
                       for b, c in (("rms", "r"), ("mean", "m"))})

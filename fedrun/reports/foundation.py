@@ -23,6 +23,7 @@ def fl_std(root: Path) -> dict[Path, bytes]:
                                                                                  "fashion_mnist": "tab:blue"}))
     return rep.files({"table": rep.table(["dataset"], [
         Cell("best test accuracy", "best", spec="{:.4f}"), Cell("round of the best", "best_round", spec="{:.0f}"),
-        Cell("final test accuracy", "final", spec="{:.4f}"), Cell("uplink to the best round, MB", "up_mb", spec="{:.2f}"),
-        Cell("cost to the best round, Mbit", "cost", spec="{:.2f}")])}, figure,
+        Cell("final test accuracy", "final", spec="{:.4f}"),
+        Cell("uplink to the best round, MB", "up_mb", spec="{:.2f}"), Cell("cost to the best round, Mbit", "cost",
+                                                                           spec="{:.2f}")])}, figure,
         expect=[dict(dataset=["mnist", "fashion_mnist"])])

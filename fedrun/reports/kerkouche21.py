@@ -37,13 +37,13 @@ def table3(root: Path) -> dict[Path, bytes]:
     m, dp = (lambda k: df[f"metrics.{k}"]), df.dp == "on"
     df = df.assign(cost_mb=m("cost_bits_at_best") / 8e6, uplink_mb=m("uplink_bytes_at_best") / 1e6,
                    uplink_client_mb=m("uplink_bytes_at_best") / df["params.num_clients"].astype(float) / 1e6,
-                   uplink_round_mb=m("uplink_bytes_final") / m("rounds_completed") / 1e6, eps=m("epsilon_at_best").where(dp),
-                   eps_final=m("epsilon_final").where(dp), sigma=m("dp_noise_multiplier").where(dp),
-                   clip=m("dp_clipping_norm").where(dp))
+                   uplink_round_mb=m("uplink_bytes_final") / m("rounds_completed") / 1e6,
+                   eps=m("epsilon_at_best").where(dp), eps_final=m("epsilon_final").where(dp),
+                   sigma=m("dp_noise_multiplier").where(dp), clip=m("dp_clipping_norm").where(dp))
     std_dp = dict(scheme="fl_std", r=1.0, dp="on")
-    paper = [P(dict(scheme="fl_std", r=1.0, dp="off"), "acc", 0.91, L87,
-               "FL-STD-DP's 0.61 plus the \"about 30 %\" by which DP degrades FL-STD (line 87), read as 30 points; "
-               "read as a relative drop it would be 0.61 / 0.7 ≈ 0.87. Table III's own value is not in the stored text"),
+    paper = [P(dict(scheme="fl_std", r=1.0, dp="off"), "acc", 0.91, L87, "FL-STD-DP's 0.61 plus the \"about 30 %\" by "
+               "which DP degrades FL-STD (line 87), read as 30 points; read as a relative drop it would be 0.61 / 0.7 "
+               "≈ 0.87. Table III's own value is not in the stored text"),
              P(std_dp, "acc", 0.61, f"{L87} (\"best accuracy (61%) after only 25 rounds with early stopping\")"),
              P(std_dp, "round", 25, L87), P(std_dp, "eps", 0.69, L87),
              P(std_dp, "cost_mb", 22.18, f"{L87} (\"only 22.18 Megabyte\")"),
@@ -75,7 +75,8 @@ def table3(root: Path) -> dict[Path, bytes]:
     claims += [Claim(f"DP costs FL-STD about 30 points of accuracy (without − with DP: 30 ± 10 points) [{OPTS[o]}]",
                      "acc", (near(c("fl_std", 1.0, "off", o), c("fl_std", 1.0, "on", o), 0.10, 0.30),),
                      '"the accuracy degradation is more important (about 30% which is the worst accuracy degradation '
-                     'indicated in Table III)" (FL-STD-DP 0.61 at round 25 with early stopping)', "line 87") for o in opts]
+                     'indicated in Table III)" (FL-STD-DP 0.61 at round 25 with early stopping)', "line 87")
+               for o in opts]
     gap = lambda s, r, o, k: ((c(s, r, "off", o), k), (c(s, r, "on", o), -k))  # noqa: E731 - accuracy lost to DP
     claims += [Claim(f"{SCHEMES[s]}: the DP gap grows with r (0.05 < 0.1 < 0.2) [{OPTS[o]}]", "acc",
                      tuple(contrast(gap(s, hi, o, 1.0) + gap(s, lo, o, -1.0)) for lo, hi in ((0.05, 0.1), (0.1, 0.2))),
@@ -105,8 +106,7 @@ def table3(root: Path) -> dict[Path, bytes]:
                                           "fl_cs": "tab:red"}), style=("r", {1.0: "-", 0.05: "-", 0.1: "--", 0.2: ":"}))
     per_cell = [Cell("best accuracy", "acc"), Cell("round", "round", spec="{:.0f}"),
                 Cell("round (paper)", paper="round", spec="{:g}"), Cell("Cost r·n·32·Round·C, MB", "cost_mb", "mean",
-                                                                        "{:.3g}"),
-                Cell("Cost (paper)", paper="cost_mb", spec="{:g}"),
+                "{:.3g}"), Cell("Cost (paper)", paper="cost_mb", spec="{:g}"),
                 Cell("uplink to best round, MB", "uplink_mb", "mean", "{:.4g}"),
                 Cell("… per client, MB", "uplink_client_mb", "mean", "{:.3g}"),
                 Cell("ε at best round", "eps", "mean", "{:.2f}"), Cell("ε (paper)", paper="eps", spec="{:g}"),
@@ -164,7 +164,7 @@ PAPER_ROUND, PAPER_ACCURACY = 25, 0.61             # FL-STD-DP, early stopping, 
 
 def stopping(root: Path, df: pd.DataFrame | None = None) -> dict[Path, bytes]:
     """FL-STD-DP as published (server options off, or from before the switch) of Table III and the model-size sweep:
-    the best test accuracy up to round 30 against the best over 200 rounds, per model, and the paper's 0.61 as claims."""
+    the best test accuracy up to round 30 against the best over 200 rounds, per model; the paper's 0.61 in claims."""
     df = load(root, [T3, SIZE]) if df is None else df.assign(seed=column(df, "params.seed", kind=int))
     df["model"] = column(df, "params.model.name", missing=SMALL)
     acc = df["series"].map(lambda s: dict((s or {}).get("test_accuracy", [])))
