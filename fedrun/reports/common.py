@@ -1,19 +1,16 @@
-"""What every report module shares: load an export, place runs in cells, mean ± sd, tables, claims, the document.
-
-A report module (one per paper) loads its exports with :func:`load` (a DataFrame, one row per run), adds its dims
-and values as plain pandas columns, and hands the frame to a :class:`Report`, which keeps one run per (cell, seed),
-formats the tables, the claims and the paper's numbers, and gives the files (:meth:`Report.files`).
-"""
+"""What the report modules share: load an export (a DataFrame, one row per run), place runs in cells, mean ± sd,
+tables, claims, figures, and the report's files (:meth:`Report.files`)."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import re
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from collections import namedtuple
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -21,17 +18,13 @@ from fedrun.reports import stats
 
 MARKS = ("†", "‡", "§", "¶", "‖", "#")
 MET, NOT_MET, OPEN = "met", "not met", "inconclusive"
+README = "README.md"
 
 
-class Export(NamedTuple):
-    """A committed export (``<path>.runs.csv.gz`` + ``.metrics.csv.gz``) and how ``--export`` makes it again."""
-    path: str
-    experiment: str
-    every: int | None = None
-    metrics: tuple[str, ...] | None = None
+#: a committed export (``<path>.runs.csv.gz`` + ``.metrics.csv.gz``) and how ``--export`` makes it again
+Export = namedtuple("Export", "path experiment every metrics", defaults=(None, None))
 
 
-# ------------------------------------------------------------------------------------------------ numbers
 def number(x: Any) -> float:
     """A record value as a float (NaN when missing or not a number; MLflow's ±max float is ±∞)."""
     try:
@@ -65,39 +58,25 @@ def mean(v: Sequence[float]) -> float:
 def sd(v: Sequence[float]) -> float:
     """Sample standard deviation (n − 1); NaN for fewer than 2 values or an infinite mean."""
     m = mean(v)
-    if len(v) < 2 or math.isinf(m):
-        return math.nan
-    return math.sqrt(math.fsum((x - m) ** 2 for x in v) / (len(v) - 1))
-
-
-def show(v: Sequence[float], how: str = "mean_std", spec: str = "{:.3f}") -> str:
-    """One table cell over a cell's runs: ``mean_std`` (0.812 ± 0.010 (3)), ``mean``, ``min``, ``max``, ``n``,
-    ``same`` (the value, or its range when the runs differ)."""
-    if how == "n":
-        return str(len(v))
-    if not v:
-        return "–"
-    if how == "mean_std":
-        return f"{fmt(mean(v), spec)} (1)" if len(v) == 1 else f"{fmt(mean(v), spec)} ± {fmt(sd(v), spec)} ({len(v)})"
-    if how == "same":
-        a, b = fmt(min(v), spec), fmt(max(v), spec)
-        return a if a == b else f"{a}–{b}"
-    return fmt(agg(v, how), spec)
+    return math.nan if len(v) < 2 or math.isinf(m) else math.sqrt(math.fsum((x - m) ** 2 for x in v) / (len(v) - 1))
 
 
 def agg(v: Sequence[float], how: str) -> float:
-    if how in ("mean", "mean_std", "same"):
-        return mean(v)
-    if how == "n":
-        return float(len(v))
-    return {"min": min, "max": max}[how](v) if v else math.nan
+    """``min``, ``max``, ``n`` of a non-empty cell's values, else their mean."""
+    return float({"min": min, "max": max, "n": len}[how](v)) if how in ("min", "max", "n") else mean(v)
 
 
-def brief(v: Sequence[float], spec: str = "{:.3f}") -> str:
-    """``0.814 ± 0.010 (n=3)`` for claim lines."""
-    if not v:
-        return "no runs"
-    return f"{fmt(mean(v), spec)} (n=1)" if len(v) == 1 else f"{fmt(mean(v), spec)} ± {fmt(sd(v), spec)} (n={len(v)})"
+def show(v: Sequence[float], how: str = "mean_std", spec: str = "{:.3f}", n: str = "") -> str:
+    """One table cell over a cell's runs: ``mean_std`` (0.812 ± 0.010 (3), or (n=3) with ``n="n="``), ``mean``,
+    ``min``, ``max``, ``n``, ``same`` (the value, or its range when the runs differ)."""
+    if how == "n" or not v:
+        return str(len(v)) if how == "n" else "–"
+    if how == "mean_std":
+        return fmt(mean(v), spec) + (f" ± {fmt(sd(v), spec)}" if len(v) > 1 else "") + f" ({n}{len(v)})"
+    if how != "same":
+        return fmt(agg(v, how), spec)
+    a, b = fmt(min(v), spec), fmt(max(v), spec)
+    return a if a == b else f"{a}–{b}"
 
 
 def md(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -106,17 +85,21 @@ def md(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
-# ------------------------------------------------------------------------------------------------ runs
 def load(root: Path, exports: Sequence[Export]) -> pd.DataFrame:
-    """The runs of the exports, one row each: ``params.*``, ``tags.*`` (text), ``metrics.*`` (fedrun's names,
-    floats), ``run_id``, ``status``, ``start_time``, ``end_time``, and ``series`` ({metric: [(step, value)]})."""
+    """The runs of the exports, one row each: ``params.*``, ``tags.*`` (text), ``metrics.*`` (floats), ``run_id``,
+    ``status``, ``start_time``, ``end_time``, ``series`` ({metric: [(step, value)]}) and ``seed`` (params.seed)."""
     from fedrun.export import load as load_records
 
     df = pd.DataFrame(load_records([root / e.path for e in exports]), dtype=object)
     for c in df.columns:
         if c.startswith("metrics."):
             df[c] = df[c].map(number).astype(float)
-    return df
+    return df.assign(seed=column(df, "params.seed", kind=int))
+
+
+def export(out: str, name: str, every: int | None = None, metrics: tuple | None = None) -> Export:
+    """The export ``<out>/runs/<name>`` of the MLflow experiment ``name``."""
+    return Export(f"{out}/runs/{name}", name, every, metrics)
 
 
 def column(df: pd.DataFrame, *sources: str, kind: Callable[[Any], Any] = str, map: Mapping[str, Any] | None = None,
@@ -125,10 +108,8 @@ def column(df: pd.DataFrame, *sources: str, kind: Callable[[Any], Any] = str, ma
     ``missing`` where no source has a value, None where the value does not convert."""
     def one(row: Mapping[str, Any]) -> Any:
         raw = next((row[s] for s in sources if s in row and not pd.isna(row[s]) and row[s] != ""), None)
-        if raw is None:
-            return missing
-        if map and str(raw) in map:
-            return map[str(raw)]
+        if raw is None or (map and str(raw) in map):
+            return missing if raw is None else map[str(raw)]
         try:
             return kind(float(raw)) if kind is int else kind(raw)
         except (TypeError, ValueError):
@@ -151,13 +132,8 @@ def at(points: list, step: float) -> float:
     return next((number(v) for s, v in points if s == step), math.nan)
 
 
-@dataclass(frozen=True)
-class Dim:
+class Dim(namedtuple("Dim", "name values labels header")):
     """How a dim's values read: ``values`` (the order, and the values kept; None: any), ``labels``, ``header``."""
-    name: str
-    values: tuple | None = None
-    labels: Mapping[Any, str] = field(default_factory=dict)
-    header: str = ""
 
     def label(self, v: Any) -> str:
         return self.labels[v] if v in self.labels else (f"{v:g}" if isinstance(v, float) else str(v))
@@ -171,46 +147,22 @@ class Dim:
 
 
 def dims(**kw: dict) -> dict[str, Dim]:
-    """``dims(scheme=dict(values=…, labels=…), …)`` → {name: Dim}, in order (the last is the seed)."""
-    return {k: Dim(k, tuple(v["values"]) if v.get("values") is not None else None, v.get("labels", {}),
-                   v.get("header", k)) for k, v in kw.items()}
+    """``dims(scheme=dict(values=…, labels=…, header=…), …)`` → {name: Dim}, in order (the last is the seed); values
+    given as a dict are labelled by it unless labels are given."""
+    return {k: Dim(k, None if v.get("values") is None else tuple(v["values"]),
+                   v.get("labels", v["values"] if isinstance(v.get("values"), dict) else {}), v.get("header", k))
+            for k, v in kw.items()}
 
 
-class Cell(NamedTuple):
-    """A table column: a measured value (``value``, shown by ``how``) or the paper's number (``paper``);
-    ``level``: how many of the column dims it is split by (default all); ``best``: min/max in a row is bold."""
-    header: str = ""
-    value: str | None = None
-    how: str = "mean_std"
-    spec: str = "{:.3f}"
-    level: int | None = None
-    best: str | None = None
-    paper: str | None = None
-
-
-class P(NamedTuple):
-    """A number of the paper: where it is for (dims), the quantity, where it stands, how it was inferred if it was."""
-    at: dict
-    quantity: str
-    number: float
-    where: str
-    how: str = ""
-    spec: str | None = None
-
-
-class Claim(NamedTuple):
-    """A claim of the paper, as this rebuild reads it. ``comps``: its comparisons (:func:`gt`, :func:`near`, …), all
-    of which must hold (``any``: one is enough); ``at_least``: instead a saving over counted bytes, no test (met when
-    1 − mean(left)/mean(right) ≥ at_least); ``fixed``: instead a verdict stated without a test (``not attempted``,
-    ``by construction``, ``exploratory``) and why."""
-    text: str
-    value: str
-    comps: tuple
-    paper: str = ""
-    where: str = ""
-    any: bool = False
-    at_least: float | None = None
-    fixed: tuple[str, str] | None = None
+#: a table column: a measured value (``value``, shown by ``how``) or the paper's number (``paper``); ``level``: how
+#: many of the column dims it is split by (default all); ``best``: min/max in a row is bold
+Cell = namedtuple("Cell", "header value how spec level best paper", defaults=("", None, "mean_std", "{:.3f}", None,
+                                                                              None, None))
+#: a number of the paper: where it is for (dims), the quantity, where it stands, how it was inferred if it was
+P = namedtuple("P", "at quantity number where how spec", defaults=("", None))
+#: a claim of the paper: ``comps`` (:func:`gt`, :func:`near`, …) must all hold (``any``: one); ``fixed``: instead a
+#: verdict stated without a test (``by construction``, ``exploratory``) and why
+Claim = namedtuple("Claim", "text value comps paper where any fixed", defaults=("", "", False, None))
 
 
 def contrast(terms: tuple, kind: str = ">", bound: float = 0.0, center: float = 0.0) -> tuple:
@@ -231,11 +183,10 @@ def near(a: dict, b: dict, margin: float, center: float = 0.0) -> tuple:
 
 def saving(text: str, value: str, left: dict, right: dict, at_least: float, paper: str = "", where: str = "",
            fixed: tuple[str, str] | None = None) -> Claim:
-    return Claim(text, value, ((((left, 1.0), (right, -1.0)), "saving", at_least, 0.0),), paper, where,
-                 at_least=at_least, fixed=fixed)
+    """A saving over counted bytes, no test: met when 1 − mean(left)/mean(right) ≥ at_least."""
+    return Claim(text, value, (contrast(((left, 1.0), (right, -1.0)), "saving", at_least),), paper, where, fixed=fixed)
 
 
-# ------------------------------------------------------------------------------------------------ a report
 class Report:
     """One results file: its runs (a frame with the dims as columns, ``dims`` in order, the last the seed) and
     what it says. ``where``: {column: allowed texts} filters, stated in the runs line."""
@@ -244,36 +195,30 @@ class Report:
                  dims: dict[str, Dim], where: Mapping[str, Sequence[str]] = {"status": ("FINISHED",)},
                  paper: Sequence[P] = (), quantities: Mapping[str, tuple[str, str]] = {}) -> None:
         self.name, self.root, self.output, self.exports, self.dims = name, Path(root), output, exports, dims
-        self.paper, self.quantities = list(paper), quantities
-        self.seed = list(dims)[-1]
-        self.cell_dims = list(dims)[:-1]
-        self.read = len(df)
+        self.paper, self.quantities, self.read = list(paper), quantities, len(df)
+        *self.cell_dims, self.seed = dims
         ok = pd.Series(True, index=df.index)
         for k, allowed in where.items():
-            ok &= (df[k].fillna("").astype(str) if k in df else pd.Series("", index=df.index)).isin(allowed)
+            ok &= df.get(k, pd.Series("", index=df.index)).fillna("").astype(str).isin(allowed)
         self.left = [f"{(~ok).sum()} not matching " + ", ".join(f"{k} = {'/'.join(v)}" for k, v in where.items())
                      ] if (~ok).sum() else []
-        df = df[ok]
-        outside = {}
+        df, outside = df[ok], {}
         for d, dim in dims.items():
-            bad = df[d].map(lambda v: (pd.isna(v) and d != self.seed) or (dim.values is not None and v not in
-                                                                           dim.values))
-            if bad.sum():
-                outside[d] = int(bad.sum())
+            bad = df[d].map(lambda v: (pd.isna(v) and d != self.seed) or (dim.values is not None
+                                                                           and v not in dim.values))
+            outside[d] = int(bad.sum())
             df = df[~bad]
-        self.left += [f"{n} outside the spec's {d} values" for d, n in sorted(outside.items())]
+        self.left += [f"{n} outside the spec's {d} values" for d, n in sorted(outside.items()) if n]
         df = df.assign(_order=[(int(s or 0), str(r)) for s, r in zip(df["start_time"].fillna(0), df["run_id"])])
         df = df.sort_values("_order", kind="stable")
-        kept = df.drop_duplicates(self.cell_dims + [self.seed], keep="last")
-        if len(kept) < len(df):
-            self.left.append(f"{len(df) - len(kept)} older repeats of a (cell, {self.seed})")
-        self.runs = kept
+        self.runs = df.drop_duplicates(self.cell_dims + [self.seed], keep="last")
+        if len(self.runs) < len(df):
+            self.left.append(f"{len(df) - len(self.runs)} older repeats of a (cell, {self.seed})")
         self.marks = {i: MARKS[j % 6] * (1 + j // 6) for j, i in enumerate(i for i, p in enumerate(paper) if p.how)}
 
-    # ---------------------------------------------------------------------------------------- cells
-    def match(self, at: Mapping[str, Any], runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    def match(self, at: Mapping[str, Any]) -> pd.DataFrame:
         """The runs of every cell matching ``at`` (a partial assignment; a tuple: any of its values)."""
-        runs = self.runs if runs is None else runs
+        runs = self.runs
         for d, v in at.items():
             runs = runs[runs[d].isin(v if isinstance(v, tuple) else (v,))]
         return runs
@@ -284,20 +229,21 @@ class Report:
     def sort(self, names: Sequence[str], keys: Iterable[tuple]) -> list[tuple]:
         return sorted(set(keys), key=lambda k: tuple(self.dims[n].order(v) for n, v in zip(names, k)))
 
+    def combos(self, names: Sequence[str], at: Mapping[str, Any] = {}) -> list[tuple]:
+        """The combinations of the ``names`` dims that have runs (among the cells matching ``at``), in order."""
+        return self.sort(names, (tuple(r) for r in self.match(at)[list(names)].itertuples(index=False)))
+
     def present(self, d: str, at: Mapping[str, Any] = {}) -> list:
         """The values of ``d`` that have runs (among the cells matching ``at``), in the dim's order."""
-        return [k[0] for k in self.sort([d], ((v,) for v in self.match(at)[d]))]
+        return [k[0] for k in self.combos([d], at)]
 
     def describe(self, at: Mapping[str, Any]) -> str:
         return " ".join(self.dims[d].tag(v) for d, v in at.items() if d in self.dims)
 
-    # ---------------------------------------------------------------------------------------- text
     def runs_line(self) -> str:
         names = [f"`{e.path}.runs.csv.gz`" for e in self.exports]
         text = (f"Runs: {self.read} in the export{'s' if len(names) > 1 else ''} {', '.join(names)}; "
-                f"{len(self.runs)} in the tables")
-        if self.left:
-            text += " (left out: " + "; ".join(self.left) + ")"
+                f"{len(self.runs)} in the tables" + (" (left out: " + "; ".join(self.left) + ")" if self.left else ""))
         times = [(int(s), int(e)) for s, e in zip(self.runs["start_time"], self.runs["end_time"])
                  if not pd.isna(s) and not pd.isna(e) and s and e and e >= s]
         if times:
@@ -305,8 +251,8 @@ class Report:
                      f" the runs' own durations sum to {sum(e - s for s, e in times) / 3.6e6:.2f} h")
         dirty = self.runs.get("tags.git_dirty", pd.Series("", index=self.runs.index)).fillna("").astype(str).str.lower()
         unknown = (~dirty.isin(["true", "false"])).sum()
-        return text + (f". Code: {(dirty == 'true').sum()} of these {len(self.runs)} runs were made from a working tree "
-                       f"with uncommitted changes (tag git_dirty; the export does not hold their diff)"
+        return text + (f". Code: {(dirty == 'true').sum()} of these {len(self.runs)} runs were made from a working "
+                       f"tree with uncommitted changes (tag git_dirty; the export does not hold their diff)"
                        + (f", {unknown} do not record it" if unknown else "") + ".")
 
     def coverage(self, expect: Sequence[Mapping[str, Any]], min_seeds: int = 3) -> str:
@@ -319,21 +265,14 @@ class Report:
                     cells.append(dict(zip(names, combo)))
         n = [(at, len(self.match(at))) for at in cells]
         few = [x for x in n if 0 < x[1] < min_seeds] + [x for x in n if not x[1]]
+        none = sum(not k for _, k in n)
         text = (f"Cells: {len(cells)} expected; {sum(k >= min_seeds for _, k in n)} with ≥ {min_seeds} seeds, "
-                f"{sum(0 < k < min_seeds for _, k in n)} with 1–{min_seeds - 1}, {sum(not k for _, k in n)} without runs.")
-        if few:
-            text += (f"\n\n<details><summary>cells with fewer than {min_seeds} seeds (number of runs)</summary>\n\n"
-                     + "; ".join(f"{self.describe(at)} ({k})" for at, k in few) + "\n\n</details>")
-        return text
-
-    def paper_entry(self, quantity: str, at: Mapping[str, Any]) -> int | None:
-        found = [i for i, p in enumerate(self.paper)
-                 if p.quantity == quantity and all(d in at and at[d] == v for d, v in p.at.items())]
-        return found[0] if found else None
+                f"{len(few) - none} with 1–{min_seeds - 1}, {none} without runs.")
+        return text + (f"\n\n<details><summary>cells with fewer than {min_seeds} seeds (number of runs)</summary>\n\n"
+                       + "; ".join(f"{self.describe(at)} ({k})" for at, k in few) + "\n\n</details>" if few else "")
 
     def paper_text(self, i: int, spec: str = "{:g}") -> str:
-        p = self.paper[i]
-        return fmt(p.number, p.spec or spec) + self.marks.get(i, "")
+        return fmt(self.paper[i].number, self.paper[i].spec or spec) + self.marks.get(i, "")
 
     def table(self, rows: Sequence[str], cells: Sequence[Cell], columns: Sequence[str] = (), split: str | None = None,
               where: Mapping[str, Any] = {}, drop_empty: bool = False) -> str:
@@ -346,26 +285,24 @@ class Report:
 
             def walk(depth: int, fixed: dict) -> None:
                 cols.extend((c, dict(fixed)) for c in cells if (len(columns) if c.level is None else c.level) == depth)
-                if depth < len(columns):
-                    for v in self.present(columns[depth], {**at, **fixed}):
-                        walk(depth + 1, {**fixed, columns[depth]: v})
+                for v in self.present(columns[depth], {**at, **fixed}) if depth < len(columns) else []:
+                    walk(depth + 1, {**fixed, columns[depth]: v})
 
             walk(0, {})
-            keys = self.sort(rows, (tuple(r) for r in self.match(at)[list(rows)].itertuples(index=False)))
-            used: list[int] = []
-            body = []
-            for key in keys:
+            used, body = set(), []
+            for key in self.combos(rows, at):
                 ctx = {**at, **dict(zip(rows, key))}
                 texts = [self.dims[d].label(v) for d, v in zip(rows, key)]
                 best: dict[int, tuple] = {}
                 for c, fixed in cols:
+                    here = {**ctx, **fixed}
                     if c.paper is not None:
-                        i = self.paper_entry(c.paper, {**ctx, **fixed})
+                        i = next((i for i, p in enumerate(self.paper) if p.quantity == c.paper
+                                  and all(d in here and here[d] == v for d, v in p.at.items())), None)
                         texts.append("" if i is None else self.paper_text(i, c.spec))
-                        if i is not None and i not in used:
-                            used.append(i)
+                        used.add(i)
                         continue
-                    v = self.values({**ctx, **fixed}, c.value)
+                    v = self.values(here, c.value)
                     texts.append(show(v, c.how, c.spec))
                     x = agg(v, c.how) if v else math.nan
                     if c.best and not math.isnan(x):
@@ -381,27 +318,21 @@ class Report:
                     if not drop_empty or j < len(rows) or any(r[j] not in ("", "–") for r in body)]
             text = md([head[j] for j in keep], ([r[j] for j in keep] for r in body))
             notes = "\n".join(f"{self.marks[i]} inferred, not stated in the paper: {self.paper[i].how} "
-                              f"({self.paper[i].where})" for i in sorted(set(used)) if i in self.marks)
-            out.append((f"### {self.dims[split].label(sv)}\n\n" if split else "") + text + (f"\n{notes}\n" if notes else ""))
+                              f"({self.paper[i].where})" for i in sorted(self.marks) if i in used)
+            out.append((f"### {self.dims[split].label(sv)}\n\n" if split else "") + text
+                       + (f"\n{notes}\n" if notes else ""))
         return "\n".join(out)
 
     def paper_numbers(self) -> str:
         """Every number of the paper, where it stands, read or inferred (marked)."""
         rows = []
         for i, p in enumerate(self.paper):
-            how = f"**inferred**{self.marks[i]}: {p.how}" if p.how else "read (stated)"
             label, spec = self.quantities.get(p.quantity, (p.quantity, "{:g}"))
-            rows.append([self.describe(p.at), label, self.paper_text(i, spec), p.where, how])
+            rows.append([self.describe(p.at), label, self.paper_text(i, spec), p.where,
+                         f"**inferred**{self.marks[i]}: {p.how}" if p.how else "read (stated)"])
         return ("## The paper's numbers\n\nEvery number of the paper in this report, where it stands, and whether the "
                 "paper states it (read) or it was worked out from what the paper states (inferred, marked).\n\n"
                 + md(["cell", "quantity", "paper", "where in the paper", "read or inferred"], rows))
-
-    # ---------------------------------------------------------------------------------------- claims
-    def names(self, cells: Sequence[Mapping[str, Any]]) -> list[str]:
-        """Short names of claim cells: the dims that differ between them (all their dims if none differ)."""
-        ds = [d for d in self.cell_dims if len({repr(c.get(d)) for c in cells}) > 1] or \
-             [d for d in self.cell_dims if any(d in c for c in cells)]
-        return [" ".join(self.dims[d].tag(c[d]) for d in ds if d in c) for c in cells]
 
     def test(self, claim: Claim) -> dict[str, Any]:
         """One claim before the family's correction: {verdict} when it is decided without a test, else {p, met,
@@ -414,18 +345,22 @@ class Report:
                 free = [d for d in self.cell_dims if d not in c]
                 return {"verdict": "not checkable", "text": f"{self.describe(c)} matches several cells (name "
                                                              f"{', '.join(free)})"}
-        name = dict(zip(map(repr, cells), self.names(cells)))
+        # a cell's short name: the dims that differ between the claim's cells (all their dims if none differ)
+        ds = [d for d in self.cell_dims if len({repr(c.get(d)) for c in cells}) > 1] or \
+             [d for d in self.cell_dims if any(d in c for c in cells)]
+        name = {repr(c): " ".join(self.dims[d].tag(c[d]) for d in ds if d in c) for c in cells}
         ps, parts, need = [], [], []
         for terms, kind, bound, center in claim.comps:
             vals = [self.values(c, claim.value) for c, _ in terms]
+            brief = [f"{name[repr(c)]} " + (show(v, spec="{:.4g}" if kind == "saving" else "{:.3f}", n="n=") if v else
+                                           "no runs") for (c, _), v in zip(terms, vals)]
             if kind == "saving":
                 a, b = (mean(v) for v in vals)
                 s = 1 - a / b if b and vals[0] and vals[1] else math.nan
                 return {"verdict": (MET if s >= bound else NOT_MET) if not math.isnan(s) else "not checkable",
-                        "text": f"saving {s * 100:.1f} % (threshold {bound * 100:.1f} %): " + " vs ".join(
-                            f"{name[repr(c)]} {brief(v, '{:.4g}')}" for (c, _), v in zip(terms, vals))}
-            desc = " ".join(("" if i == 0 and k > 0 else "− " if k < 0 else "+ ") + f"{name[repr(c)]} {brief(v)}"
-                            for i, ((c, k), v) in enumerate(zip(terms, vals)))
+                        "text": f"saving {s * 100:.1f} % (threshold {bound * 100:.1f} %): " + " vs ".join(brief)}
+            desc = " ".join(("" if i == 0 and k > 0 else "− " if k < 0 else "+ ") + b
+                            for i, ((_, k), b) in enumerate(zip(terms, brief)))
             w = stats.welch(vals, [k for _, k in terms])
             if w is None:
                 missing = [name[repr(c)] for (c, _), v in zip(terms, vals) if not v]
@@ -455,18 +390,11 @@ class Report:
         return [(t["verdict"], t["text"]) for t in tests]
 
     def claims(self, claims: Sequence[Claim]) -> str:
-        lines = []
-        for c, (v, detail) in zip(claims, self.verdicts(claims)):
-            paper = f" Paper: {c.paper}" + (f" ({c.where})" if c.where else "") + "." if c.paper else ""
-            lines.append(f"- {c.text}: **{v}** — {detail}.{paper}")
+        lines = [f"- {c.text}: **{v}** — {detail}." + (f" Paper: {c.paper}" + (f" ({c.where})" if c.where else "") + "."
+                                                       if c.paper else "")
+                 for c, (v, detail) in zip(claims, self.verdicts(claims))]
         return "## The paper's claims\n\n" + RULE + "\n\n" + "\n".join(lines) + "\n"
 
-    def readme_block(self, claims: Sequence[Claim]) -> str:
-        lines = [f"Claims checked by [{PurePosixPath(self.output).name}]({self.output}) (Welch t per comparison, each "
-                 f"direction at α/2, Holm over the report's claims at α = {stats.ALPHA:g}; the numbers are there):"]
-        return "\n".join(lines + [f"- {c.text}: **{v}**" for c, (v, _) in zip(claims, self.verdicts(claims))])
-
-    # ---------------------------------------------------------------------------------------- files
     def files(self, blocks: Mapping[str, str], figures: Mapping[str, bytes] = {}, claims: Sequence[Claim] = (),
               expect: Sequence[Mapping[str, Any]] = (), readme: bool = True) -> dict[Path, bytes]:
         """The report's files (paths relative to the root): its figures, its markdown (the template
@@ -481,22 +409,23 @@ class Report:
             path = self.root / README
             if not path.exists():
                 raise ValueError(f"{path} not found: the claims of {self.name} go into its claims block")
-            out[Path(README)] = splice(path.read_text(), self.name, self.readme_block(claims)).encode("utf-8")
+            head = (f"Claims checked by [{Path(self.output).name}]({self.output}) (Welch t per comparison, each "
+                    f"direction at α/2, Holm over the report's claims at α = {stats.ALPHA:g}; the numbers are there):")
+            body = "\n".join([head] + [f"- {c.text}: **{v}**" for c, (v, _) in zip(claims, self.verdicts(claims))])
+            out[Path(README)] = splice(path.read_text(), self.name, body).encode("utf-8")
         return out
 
-    def curves(self, file: str, series: str, panels: Sequence[str], lines: Sequence[str], title: str, ylabel: str,
-               where: Mapping[str, Any] = {}, color: tuple | None = None, style: tuple | None = None,
-               xlabel: str = "round", yscale: str = "linear") -> bytes:
-        """A figure: per panel (every combination of the ``panels`` dims with runs), one line per combination of
-        the ``lines`` dims: the mean (± std) of ``series`` per step over its runs. ``color``/``style``: (dim, map)."""
-        from fedrun.reports.figure import Curve, draw
-
+    def curves(self, file: str, panels: Sequence[str], lines: Sequence[str], title: str, where: Mapping = {},
+               color: tuple | None = None, style: tuple | None = None, series: str = "test_accuracy",
+               ylabel: str = "test accuracy", xlabel: str = "round", yscale: str = "linear") -> dict[str, bytes]:
+        """{file: a figure}: per panel (every combination of the ``panels`` dims with runs), one line per
+        combination of the ``lines`` dims: the mean (± std) of ``series`` per step. ``color``/``style``: (dim, map)."""
         values = [self.present(d, where) for d in panels]
         out = []
         for combo in itertools.product(*values):
             at = {**where, **dict(zip(panels, combo))}
             curves = []
-            for lk in self.sort(lines, (tuple(r) for r in self.match(at)[list(lines)].itertuples(index=False))):
+            for lk in self.combos(lines, at):
                 lat = {**at, **dict(zip(lines, lk))}
                 by_step: dict[int, list[float]] = {}
                 for s in self.match(lat)["series"]:
@@ -506,12 +435,12 @@ class Report:
                     steps = sorted(by_step)
                     st = [finite(by_step[s]) for s in steps]
                     curves.append(Curve(" ".join(self.dims[d].tag(v) for d, v in zip(lines, lk)), tuple(steps),
-                                        tuple(mean(v) for v in st), tuple(sd(v) for v in st), max(len(v) for v in st),
+                                        tuple(map(mean, st)), tuple(map(sd, st)), max(map(len, st)),
                                         color and color[1].get(lat.get(color[0])),
                                         style and style[1].get(lat.get(style[0]))))
             out.append((", ".join(self.dims[d].label(v) for d, v in zip(panels, combo)), curves))
         ncols = len(values[-1]) if len(panels) >= 2 else min(2, max(1, len(out)))
-        return draw(out, file, title, xlabel, ylabel, max(1, ncols), yscale)
+        return {file: draw(out, file, title, xlabel, ylabel, max(1, ncols), yscale)}
 
 
 RULE = (f"Rule: each comparison is a difference of cell means over seeds (or a difference of such differences), "
@@ -538,17 +467,14 @@ def fill(template: Path, blocks: Mapping[str, str]) -> str:
     return re.sub(r"^\{\{(\w+)\}\}\n", block, template.read_text(), flags=re.M)
 
 
-README = "README.md"
-
-
 def markers(name: str) -> tuple[str, str]:
     return (f"<!-- claims: {name} (generated by python -m fedrun.report {name}; do not edit) -->",
             f"<!-- /claims: {name} -->")
 
 
 def splice(readme: str, name: str, body: str) -> str:
-    """``readme`` with the claims block of ``name`` replaced by ``body``; a missing or doubled block is a
-    ValueError (one line saying what to add)."""
+    """``readme`` with the claims block of ``name`` replaced by ``body``; a missing or doubled block is a ValueError
+    (one line saying what to add)."""
     start, end = markers(name)
     pattern = re.compile(re.escape(start) + r"\n.*?" + re.escape(end), re.S)
     found = pattern.findall(readme)
@@ -556,3 +482,65 @@ def splice(readme: str, name: str, body: str) -> str:
         raise ValueError(f"{README} {'has no' if not found else f'has {len(found)}'} claims block for {name}: add "
                          f"the two lines {start!r} and {end!r} where its verdicts belong")
     return pattern.sub(lambda _m: f"{start}\n{body}\n{end}", readme)
+
+
+#: one line of a panel: the mean and std over runs per step, the most runs at a step, its colour and line style
+Curve = namedtuple("Curve", "label steps mean std n color linestyle")
+#: the same matplotlib gives the same bytes: SVG ids from a fixed salt, glyphs as paths, matplotlib's DejaVu Sans
+RC = {"svg.hashsalt": "fedrun-report", "svg.fonttype": "path", "font.family": "DejaVu Sans", "path.simplify": False,
+      "figure.dpi": 100}
+
+
+def draw(panels: Sequence[tuple[str, Sequence[Curve]]], file: str, title: str = "", xlabel: str = "round",
+         ylabel: str = "", ncols: int = 2, yscale: str = "linear") -> bytes:
+    """The figure's bytes (SVG or PNG by ``file``'s extension, no date or software metadata): one panel per (title,
+    curves), ``ncols`` a row, y shared (``yscale``: linear or log; on a log scale no band reaching 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    kind = "svg" if file.endswith(".svg") else "png"
+    with matplotlib.rc_context(RC):
+        cols = max(1, min(len(panels), ncols))
+        rows = math.ceil(max(1, len(panels)) / cols)
+        height = 3.4 * rows + 0.9
+        fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, height), sharey=True, squeeze=False)
+        handles: dict[str, object] = {}  # one legend for the figure: a line's label → its first handle
+        for ax, (ptitle, lines) in zip(axes.flat, panels):
+            for c in lines:
+                (h,) = ax.plot(c.steps, c.mean, color=c.color, linestyle=c.linestyle or "-", marker=".",
+                               markersize=3, linewidth=1.2, label=c.label)
+                handles.setdefault(c.label, h)
+                lo = [m - s for m, s in zip(c.mean, c.std) if not math.isnan(s)]
+                if len(lo) == len(c.mean) and (yscale == "linear" or min(lo, default=1) > 0):  # log: no band to ≤ 0
+                    ax.fill_between(c.steps, lo, [m + s for m, s in zip(c.mean, c.std)], color=c.color, alpha=0.12,
+                                    linewidth=0)
+            seeds = sorted({c.n for c in lines})
+            ax.set_title(ptitle + ("" if not seeds else f" (n = {seeds[0]}" + (f"–{seeds[-1]})" if len(seeds) > 1
+                                                                                 else ")")), fontsize=9)
+            if yscale != "linear":
+                ax.set_yscale(yscale)
+            ax.grid(alpha=0.3)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if not lines:
+                ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", va="center", color="gray")
+        for ax in list(axes.flat)[len(panels):]:
+            ax.set_visible(False)
+        for ax in axes[-1]:
+            ax.set_xlabel(xlabel)
+        for row in axes:
+            row[0].set_ylabel(ylabel)
+        if handles:
+            fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(5, len(handles)),
+                       fontsize=7, frameon=False)
+        if title:
+            fig.suptitle(title, fontsize=10)
+        # fixed margins (no tight_layout: seconds per figure, and the same bytes either way)
+        fig.subplots_adjust(left=0.6 / (4.6 * cols), right=1 - 0.15 / (4.6 * cols), top=1 - 0.55 / height,
+                            bottom=(0.5 + 0.18 * math.ceil(len(handles) / 5)) / height, wspace=0.08, hspace=0.35)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=kind, metadata={"Date": None} if kind == "svg" else {"Software": None}, dpi=100)
+        plt.close(fig)
+    return buf.getvalue()

@@ -1,12 +1,7 @@
 """Paper 003 (Wang, Gursoy, Velipasalar: "Communication-Efficient and Privacy-Preserving Feature-based Federated
-Transfer Learning", Globecom 2022): FL, FTL-full, FTL-c and FbFTL, one section per source → target pair, and FbFTL
-with its server learning rate tuned on the uploads.
-
-Where the paper's numbers stand: the stored text ../shared/papers/003_3acfbf28b8b59d35.txt ("line N" is that file's
-line) has the analysis but not the experiment section: its comparison table (VGG-16 pre-trained on ImageNet →
-CIFAR-10) is lost. Its uplink and accuracy numbers are in the notes ../shared/papers/README.md, lines 60–61, marked
-[public]; they stand beside ours for scale only. Two per-upload numbers of that table are inferred (marked).
-"""
+Transfer Learning", Globecom 2022): FL, FTL-full, FTL-c and FbFTL per source → target pair, and FbFTL with its server
+lr tuned on the uploads. "line N": that line of the stored text ../shared/papers/003_3acfbf28b8b59d35.txt, which lost
+the comparison table: its numbers are in the notes ../shared/papers/README.md, lines 60–61, for scale only."""
 
 from __future__ import annotations
 
@@ -14,13 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import (P, Cell, Claim, Export, Report, at, column, dims, gt, load, near, reach, saving,
-                                   series_value)
+from fedrun.reports.common import (P, Cell, Claim, Export, Report, at, column, dims, export, gt, load, near, reach,
+                                   saving, series_value)
 
 OUT = "results/fbftl"
-FM = Export(f"{OUT}/runs/fbftl-femnist-mnist", "fbftl-femnist-mnist", every=5)
-MF = Export(f"{OUT}/runs/fbftl-mnist-fashion", "fbftl-mnist-fashion", every=5)
-TUNED = Export(f"{OUT}/runs/fbftl-tuned", "fbftl-tuned", every=5)
+FM, MF, TUNED = (export(OUT, f"fbftl-{n}", every=5) for n in ("femnist-mnist", "mnist-fashion", "tuned"))
 SCHEMES = {"fl": "FL", "ftl_full": "FTL-full", "ftl_c": "FTL-c", "fbftl": "FbFTL"}
 #: a common target accuracy per pair, fixed before these runs: just below the lowest best accuracy of the four schemes
 #: in the first, single-seed comparison (git show 979bf0a:results/fbftl/comparison.md)
@@ -34,10 +27,7 @@ def _frame(root: Path, exports: list[Export]) -> pd.DataFrame:
     df["target"] = column(df, "tags.dataset")
     df["scheme"] = column(df, "tags.scheme", "params.scheme.name")
     df["rounds"] = column(df, "params.rounds", kind=int)   # the experiments' 100: a shorter trial run is left out
-    df["seed"] = column(df, "params.seed", kind=int)
-    df["acc"] = df["metrics.test_accuracy"]
-    df["best"] = df["metrics.best_test_accuracy"]
-    return df
+    return df.assign(acc=df["metrics.test_accuracy"], best=df["metrics.best_test_accuracy"])
 
 
 def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100) -> dict[Path, bytes]:
@@ -47,19 +37,20 @@ def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100)
     m = lambda k: df[f"metrics.{k}"]  # noqa: E731
     df = df.assign(batches=m("upload_batches_total"), per_batch=m("params_per_batch"),
                    batch_kb=m("uplink_bytes_per_batch") * 8 / 1e3, up_gb=m("uplink_bytes_final") * 8 / 1e9,
-                   up_formula_gb=m("paper_uplink_bits") / 1e9, down_bcast_mb=m("downlink_broadcast_bytes_total") * 8 / 1e6,
-                   down_formula_mb=m("paper_downlink_bits") / 1e6, down_client_gb=m("downlink_bytes_final") * 8 / 1e9,
-                   best_round=m("best_round"), up_best_gb=m("uplink_bytes_at_best") * 8 / 1e9,
+                   up_formula_gb=m("paper_uplink_bits") / 1e9, down_formula_mb=m("paper_downlink_bits") / 1e6,
+                   down_bcast_mb=m("downlink_broadcast_bytes_total") * 8 / 1e6, best_round=m("best_round"),
+                   down_client_gb=m("downlink_bytes_final") * 8 / 1e9, up_best_gb=m("uplink_bytes_at_best") * 8 / 1e9,
                    source_acc=m("source_test_accuracy").where(df.scheme.isin(["ftl_full", "ftl_c", "fbftl"])))
     for k, v in (("server_lr", "server_lr"), ("leak", "label_leakage_bits"),
                  ("leak_expected", "label_leakage_expected_bits"), ("prior_bits", "label_prior_bits")):
         df[k] = m(v).where(df.scheme == "fbftl")
     for target, (k, acc) in TARGETS.items():
-        df[f"rounds_{k}"] = series_value(df, "test_accuracy", lambda p, acc=acc: reach(p, acc)).where(df.target == target)
+        hit = df.target == target
+        df[f"rounds_{k}"] = series_value(df, "test_accuracy", lambda p, acc=acc: reach(p, acc)).where(hit)
         # a seed that never reaches the target counts as its last round: a lower bound of its rounds (for a claim)
-        df[f"rounds_{k}_c"] = df[f"rounds_{k}"].fillna(m("rounds_completed")).where(df.target == target)
+        df[f"rounds_{k}_c"] = df[f"rounds_{k}"].fillna(m("rounds_completed")).where(hit)
         df[f"up_{k}_gb"] = pd.Series([at((s or {}).get("uplink_bytes_total", []), r) * 8 / 1e9 for s, r in zip(
-            df["series"], df[f"rounds_{k}"])], index=df.index, dtype=float).where(df.target == target)
+            df["series"], df[f"rounds_{k}"])], index=df.index, dtype=float).where(hit)
     public = "comparison table; notes line 61 [public]: "
     paper = [P({"scheme": "fl"}, "up_gb", 3216000, "comparison table (lost from the stored text); notes "
                                                    "../shared/papers/README.md line 60 [public]: 3216 Tb"),
@@ -76,10 +67,9 @@ def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100)
                "6.6 Gb / (50,000 uploads × d = 32 bits) ≈ 4125 parameters per upload: the 4096 features of VGG-16's "
                "fully connected layer (N⁻ at the cut, line 57) plus the label")]
     rep = Report("fbftl", root, f"{OUT}/table.md", list(exports), df, dims(
-        target=dict(values=["mnist", "fashion_mnist"], labels={"mnist": "target MNIST",
-                                                               "fashion_mnist": "target Fashion-MNIST"}),
-        source=dict(values=["femnist", "mnist"], labels={"femnist": "FEMNIST", "mnist": "MNIST"}),
-        scheme=dict(values=SCHEMES, labels=SCHEMES), rounds=dict(values=[rounds]), seed={}),
+        target=dict(values={"mnist": "target MNIST", "fashion_mnist": "target Fashion-MNIST"}),
+        source=dict(values={"femnist": "FEMNIST", "mnist": "MNIST"}), scheme=dict(values=SCHEMES),
+        rounds=dict(values=[rounds]), seed={}),
         where={"status": ("FINISHED",), "params.scheme.tune_lrs": ("None", ""),   # fbftl_tuned.md's runs search the lr
                "params.scheme.clients_hold_source": ("False", "")}, paper=paper,
         quantities={"up_gb": ("total uplink, Gb", "{:,.0f}"), "acc": ("final test accuracy", "{:.4f}"),
@@ -134,15 +124,14 @@ def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100)
              'text: "Typically, training from scratch requires more training samples"', "line 43; notes line 61")):
         claims += [Claim(f"{text} [{tl(t)}]", "acc", (gt(s(a, t), s(b, t)),), quote, where) for t in targets]
     rows = ["source", "scheme"]
-    figure = rep.curves("table_accuracy.svg", "test_accuracy", ["target"], ["scheme"], "LeNet-5, 6000 clients: test "
-                        "accuracy per round (FbFTL: per server epoch), mean over seeds (band: ± std)", "test accuracy",
-                        color=("scheme", {"fl": "black", "ftl_full": "tab:blue", "ftl_c": "tab:green",
-                                          "fbftl": "tab:red"}))
+    figure = rep.curves("table_accuracy.svg", ["target"], ["scheme"], "LeNet-5, 6000 clients: test accuracy per round "
+                        "(FbFTL: per server epoch), mean over seeds (band: ± std)", color=("scheme", {
+                            "fl": "black", "ftl_full": "tab:blue", "ftl_c": "tab:green", "fbftl": "tab:red"}))
     return rep.files({
         "bytes": rep.table(rows, [
             Cell("upload batches", "batches", spec="{:,.0f}"), Cell("(paper)", paper="batches", spec="{:,.0f}"),
-            Cell("parameters per batch", "per_batch", "same", "{:,.0f}"), Cell("(paper)", paper="per_batch",
-                                                                                spec="{:,.0f}"),
+            Cell("parameters per batch", "per_batch", "same", "{:,.0f}"),
+            Cell("(paper)", paper="per_batch", spec="{:,.0f}"),
             Cell("uplink per batch, kb", "batch_kb", "same", "{:.4g}"), Cell("total uplink, Gb", "up_gb", spec="{:.4g}"),
             Cell("… paper's formula, Gb", "up_formula_gb", "mean", "{:.4g}"),
             Cell("(paper), Gb", paper="up_gb", spec="{:,.0f}"),
@@ -161,20 +150,18 @@ def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100)
             split="target", drop_empty=True),
         "leakage": rep.table(["source", "target"], [Cell("observed", "leak"), Cell("expected", "leak_expected", "same"),
                                                     Cell("prior uncertainty", "prior_bits", "same")],
-                             where={"scheme": "fbftl"})}, {"table_accuracy.svg": figure}, claims, expect)
+                             where={"scheme": "fbftl"})}, figure, claims, expect)
 
 
 def tuned(root: Path) -> dict[Path, bytes]:
     df = _frame(root, [TUNED, FM, MF])
     df["lr_choice"] = column(df, "params.scheme.tune_lrs", map=LR_CHOICE)
-    df["lr"] = df["metrics.server_lr"]
-    df["val"] = df["metrics.tune_best_val_accuracy"].where(df.lr_choice == "tuned")
-    df["up_mb"] = df["metrics.uplink_bytes_final"] * 8 / 1e6
-    choice = {"fixed": "fixed lr 0.1 (table.md)", "tuned": "lr tuned on held-out uploads"}
+    df = df.assign(lr=df["metrics.server_lr"], up_mb=df["metrics.uplink_bytes_final"] * 8 / 1e6,
+                   val=df["metrics.tune_best_val_accuracy"].where(df.lr_choice == "tuned"))
     rep = Report("fbftl_tuned", root, f"{OUT}/fbftl_tuned.md", [TUNED, FM, MF], df, dims(
-        target=dict(values=["mnist", "fashion_mnist"], labels={"mnist": "FEMNIST → MNIST",
-                                                               "fashion_mnist": "MNIST → Fashion-MNIST"}),
-        scheme=dict(values=["fbftl"]), lr_choice=dict(values=choice, labels=choice, header="server lr"),
+        target=dict(values={"mnist": "FEMNIST → MNIST", "fashion_mnist": "MNIST → Fashion-MNIST"}),
+        scheme=dict(values=["fbftl"]), lr_choice=dict(values={"fixed": "fixed lr 0.1 (table.md)", "tuned": "lr tuned "
+                                                              "on held-out uploads"}, header="server lr"),
         rounds=dict(values=[100]), seed={}), where={"status": ("FINISHED",), "params.scheme.clients_hold_source": (
             "False", "")})
     targets = rep.present("target")

@@ -1,11 +1,7 @@
 """Paper 002 (Haddadpour et al., "FedSKETCH: Communication-Efficient and Private Federated Learning via Sketching",
 arXiv 2008.04975): Figures 1 and 2 on MNIST / LeNet-5, the η tuning, FedSKETCHGATE's diagnostics and SketchedSGD
-with more heavy coordinates.
-
-Where the paper's statements stand: the stored text ../shared/papers/002_74ec579889723eed.txt (no figures, no
-section or page numbers); "line N" is that file's line. Its only numbers for these figures are the compression
-ratios 75× and 12× (line 193); every claim quotes the sentence it checks.
-"""
+with more heavy coordinates. "line N": that line of the stored text ../shared/papers/002_74ec579889723eed.txt (no
+figures); its only numbers for these figures are the compression ratios 75× and 12× (line 193)."""
 
 from __future__ import annotations
 
@@ -13,16 +9,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import (P, Cell, Claim, Export, Report, at, column, contrast, dims, gt, load, near, saving,
+from fedrun.reports.common import (P, Cell, Claim, Report, at, column, contrast, dims, export, gt, load, near, saving,
                                    series_value)
 
 OUT = "results/fedsketch"
-HOM = Export(f"{OUT}/runs/fedsketch-homogeneous", "fedsketch-homogeneous", every=10)
-HET = Export(f"{OUT}/runs/fedsketch-heterogeneous", "fedsketch-heterogeneous", every=10)
-TUNE = Export(f"{OUT}/runs/fedsketch-tune", "fedsketch-tune", every=10)
-GATE = Export(f"{OUT}/runs/fedsketch-gate-diagnostics", "fedsketch-gate-diagnostics",
-              metrics=("sketch/gate_*", "test_accuracy"))
-HEAVY = Export(f"{OUT}/runs/fedsketch-sketchedsgd-heavy", "fedsketch-sketchedsgd-heavy", every=10)
+HOM, HET, TUNE, HEAVY = (export(OUT, f"fedsketch-{n}", every=10)
+                         for n in ("homogeneous", "heterogeneous", "tune", "sketchedsgd-heavy"))
+GATE = export(OUT, "fedsketch-gate-diagnostics", metrics=("sketch/gate_*", "test_accuracy"))
 SCHEMES = {"fedsgd": "FedSGD", "sketchedsgd": "SketchedSGD", "fedsketch": "FS", "fedsketchgate": "FSGATE"}
 DECODERS = {"none": "", "topm": "", "privix": "PRIVIX", "heaprix": "HEAPRIX"}
 SKETCHES = {"none": "", "20": "(20, 40)", "50": "(50, 100)"}
@@ -32,7 +25,7 @@ COLOR = ("unsketch", {"none": "black", "topm": "tab:green", "privix": "tab:blue"
 STYLE = ("sketch", {"none": "-", "20": "--", "50": "-"})
 
 
-def _frame(root: Path, exports: list[Export]) -> pd.DataFrame:
+def _frame(root: Path, exports: list) -> pd.DataFrame:
     """Runs with the dims scheme, unsketch (the decoder), sketch (its rows t: (t, k) = (20, 40) or (50, 100)), lr."""
     df = load(root, exports)
     df["scheme"] = column(df, "params.scheme.name")
@@ -41,33 +34,26 @@ def _frame(root: Path, exports: list[Export]) -> pd.DataFrame:
     df.loc[df.scheme == "fedsgd", ["unsketch", "sketch"]] = "none"    # FedSGD sends its update uncompressed
     df.loc[df.scheme == "sketchedsgd", "unsketch"] = "topm"           # the top-m heavy hitters, exact values
     df["lr"] = column(df, "params.lr", kind=float)
-    df["seed"] = column(df, "params.seed", kind=int)
-    df["acc"] = df["metrics.test_accuracy"]
-    df["acc_best"] = df["metrics.best_test_accuracy"]
-    return df
+    return df.assign(acc=df["metrics.test_accuracy"], acc_best=df["metrics.best_test_accuracy"])
 
 
 def _dims(schemes: list[str], **more: dict) -> dict:
     return dict(scheme=dict(values=schemes, labels=SCHEMES, header="method"),
-                unsketch=dict(values=DECODERS, labels=DECODERS, header="decoder"),
-                sketch=dict(values=SKETCHES, labels=SKETCHES, header="sketch (t, k)"), **more)
+                unsketch=dict(values=DECODERS, header="decoder"), sketch=dict(values=SKETCHES, header="sketch (t, k)"),
+                **more)
 
 
 def figures(root: Path) -> dict[Path, bytes]:
     df = _frame(root, [HOM, HET])
     df["split"] = column(df, "params.partition.name", map={"iid": "homogeneous", "shards": "heterogeneous"})
     df["tau"] = column(df, "params.local_steps", kind=int)
-    df["rounds"] = df["metrics.rounds_completed"]
-    df["clients"] = df["metrics.clients"]
-    df["uplink_mb"] = df["metrics.uplink_bytes_final"] / 1e6
-    df["downlink_mb"] = df["metrics.downlink_bytes_final"] / 1e6
-    df["uplink_worker_round"] = df["metrics.uplink_bytes_final"] / df["metrics.rounds_completed"] / df["metrics.clients"]
-    df["downlink_round"] = df["metrics.downlink_bytes_final"] / df["metrics.rounds_completed"]
+    up, down, n = df["metrics.uplink_bytes_final"], df["metrics.downlink_bytes_final"], df["metrics.rounds_completed"]
+    df = df.assign(rounds=n, clients=df["metrics.clients"], uplink_mb=up / 1e6, downlink_mb=down / 1e6,
+                   downlink_round=down / n, uplink_worker_round=up / n / df["metrics.clients"])
     df["compression"] = 4 * df["tags.fedrun.num_parameters"].astype(float) / df["uplink_worker_round"]
-    rep = Report("fedsketch", root, f"{OUT}/figures.md", [HOM, HET], df, dims(
-        split=dict(values=SPLITS, labels=SPLITS), **_dims(list(SCHEMES), lr=dict(header="η"),
-                                                          tau=dict(values=[1, 2, 5], labels={t: f"τ = {t}" for t in (1, 2, 5)},
-                                                                   header="τ"), seed={})),
+    taus = {t: f"τ = {t}" for t in (1, 2, 5)}
+    rep = Report("fedsketch", root, f"{OUT}/figures.md", [HOM, HET], df, dims(split=dict(values=SPLITS), **_dims(
+        list(SCHEMES), lr=dict(header="η"), tau=dict(values=taus, header="τ"), seed={})),
         paper=[P({"sketch": "20"}, "compression", 75, "line 193 (\"these two choices of sketch size correspond to a "
                                                       "75× and 12× compression ratio\")"),
                P({"sketch": "50"}, "compression", 12, "line 193")],
@@ -86,16 +72,13 @@ def figures(root: Path) -> dict[Path, bytes]:
               dict(split="heterogeneous", scheme="fedsketchgate", unsketch="heaprix", sketch=["20", "50"], lr=0.01,
                    tau=1)]
 
-    def fs(split: str, u: str, s: str, tau: int, scheme: str = "fedsketch") -> dict:
-        return dict(split=split, scheme=scheme, unsketch=u, sketch=s, tau=tau)
+    fs = lambda split, u, s, tau, scheme="fedsketch": dict(  # noqa: E731
+        split=split, scheme=scheme, unsketch=u, sketch=s, tau=tau)
+    sgd = lambda split, tau=1: dict(split=split, scheme="fedsgd", unsketch="none", sketch="none", tau=tau)  # noqa: E731
+    ssgd = lambda split, s, **lr: dict(  # noqa: E731
+        split=split, scheme="sketchedsgd", unsketch="topm", sketch=s, tau=1, **lr)
 
-    def sgd(split: str, tau: int = 1) -> dict:
-        return dict(split=split, scheme="fedsgd", unsketch="none", sketch="none", tau=tau)
-
-    def ssgd(split: str, s: str, **lr: float) -> dict:
-        return dict(split=split, scheme="sketchedsgd", unsketch="topm", sketch=s, tau=1, **lr)
-
-    u_, s_, t_ = DECODERS, SKETCHES, {t: f"τ = {t}" for t in (1, 2, 5)}
+    u_, s_, t_ = DECODERS, SKETCHES, taus
     claims = [Claim(f"FS-{u_[u]} at (50, 100) within ±2 points of FedSGD at the same τ (homogeneous, {t_[t]})", "acc",
                     (near(fs("homogeneous", u, "50", t), sgd("homogeneous", t), 0.02),),
                     '"For τ=1,2,5, we see that a sketch size of (50,100) is sufficient to give similar test accuracy '
@@ -168,19 +151,15 @@ def figures(root: Path) -> dict[Path, bytes]:
                       'workers, the model to the 25 participants)', "line 155")
                for split in SPLITS for u in ("privix", "heaprix") for s in ("20", "50")]
     lines = ["scheme", "unsketch", "sketch"]
-    figs = {
-        "figure1_homogeneous.svg": rep.curves(
-            "figure1_homogeneous.svg", "test_accuracy", ["tau"], lines, "Figure 1, homogeneous (i.i.d.): test accuracy "
-            "per round, mean over seeds (band: ± std); dashed (20, 40)", "test accuracy", {"split": "homogeneous"},
-            COLOR, STYLE),
-        "figure2_heterogeneous.svg": rep.curves(
-            "figure2_heterogeneous.svg", "test_accuracy", ["tau"], lines, "Figure 2, heterogeneous (1–2 classes per "
-            "worker): test accuracy per round, mean over seeds (band: ± std)", "test accuracy",
-            {"split": "heterogeneous", "scheme": ("fedsgd", "sketchedsgd", "fedsketch")}, COLOR, STYLE),
-        "figure2_gate.svg": rep.curves(
-            "figure2_gate.svg", "test_accuracy", ["scheme"], lines, "Figure 2, heterogeneous, τ = 1: FedSKETCHGATE (40 "
-            "rounds, all 50 workers) and FedSGD (80 rounds, 25)", "test accuracy",
-            {"split": "heterogeneous", "tau": 1, "scheme": ("fedsgd", "fedsketchgate")}, COLOR, STYLE)}
+    figs = {**rep.curves("figure1_homogeneous.svg", ["tau"], lines, "Figure 1, homogeneous (i.i.d.): test accuracy "
+                         "per round, mean over seeds (band: ± std); dashed (20, 40)", {"split": "homogeneous"},
+                         COLOR, STYLE),
+            **rep.curves("figure2_heterogeneous.svg", ["tau"], lines, "Figure 2, heterogeneous (1–2 classes per "
+                         "worker): test accuracy per round, mean over seeds (band: ± std)",
+                         {"split": "heterogeneous", "scheme": ("fedsgd", "sketchedsgd", "fedsketch")}, COLOR, STYLE),
+            **rep.curves("figure2_gate.svg", ["scheme"], lines, "Figure 2, heterogeneous, τ = 1: FedSKETCHGATE (40 "
+                         "rounds, all 50 workers) and FedSGD (80 rounds, 25)",
+                         {"split": "heterogeneous", "tau": 1, "scheme": ("fedsgd", "fedsketchgate")}, COLOR, STYLE)}
     return rep.files({
         "accuracy": rep.table(["scheme", "unsketch", "sketch", "lr"], [Cell("final", "acc"), Cell("best", "acc_best")],
                               ["tau"], "split"),
@@ -188,25 +167,23 @@ def figures(root: Path) -> dict[Path, bytes]:
             Cell("runs", "acc", "n"), Cell("rounds", "rounds", "same", "{:.0f}"),
             Cell("workers per round", "clients", "same", "{:.0f}"),
             Cell("uplink per worker and round, B", "uplink_worker_round", "same", "{:,.0f}"),
-            Cell("compression", "compression", "same", "{:.1f}×"), Cell("compression (paper)", paper="compression",
-                                                                        spec="{:g}×"),
+            Cell("compression", "compression", "same", "{:.1f}×"),
+            Cell("compression (paper)", paper="compression", spec="{:g}×"),
             Cell("uplink over the run, MB", "uplink_mb", "same", "{:.2f}"),
             Cell("downlink over the run, MB", "downlink_mb", "same", "{:.2f}")], split="split")}, figs, claims, expect)
 
 
 def tuning(root: Path) -> dict[Path, bytes]:
     lrs = [0.01, 0.03, 0.1, 0.3, 1.0, 3.0]
-    df = _frame(root, [TUNE])
-    rep = Report("fedsketch_tune", root, f"{OUT}/tuning.md", [TUNE], df, dims(**_dims(
-        ["fedsgd", "sketchedsgd", "fedsketch"], lr=dict(values=lrs, labels={x: f"η = {x:g}" for x in lrs}, header="η"),
+    rep = Report("fedsketch_tune", root, f"{OUT}/tuning.md", [TUNE], _frame(root, [TUNE]), dims(**_dims(
+        ["fedsgd", "sketchedsgd", "fedsketch"], lr=dict(values={x: f"η = {x:g}" for x in lrs}, header="η"),
         seed=dict(values=[0]))))
-    expect = [dict(scheme="fedsgd", unsketch="none", sketch="none", lr=lrs),
-              dict(scheme="sketchedsgd", unsketch="topm", sketch=["20", "50"], lr=lrs),
-              dict(scheme="fedsketch", unsketch=["privix", "heaprix"], sketch=["20", "50"], lr=lrs)]
     rows = ["scheme", "unsketch", "sketch"]
-    return rep.files({"final": rep.table(rows, [Cell(value="acc", how="mean", best="max")], ["lr"]),
-                      "best": rep.table(rows, [Cell(value="acc_best", how="mean", best="max")], ["lr"])},
-                     expect=expect)
+    return rep.files({v: rep.table(rows, [Cell(value=c, how="mean", best="max")], ["lr"])
+                      for v, c in (("final", "acc"), ("best", "acc_best"))},
+                     expect=[dict(scheme="fedsgd", unsketch="none", sketch="none", lr=lrs),
+                             dict(scheme="sketchedsgd", unsketch="topm", sketch=["20", "50"], lr=lrs),
+                             dict(scheme="fedsketch", unsketch=["privix", "heaprix"], sketch=["20", "50"], lr=lrs)])
 
 
 def gate_diagnostics(root: Path) -> dict[Path, bytes]:
@@ -215,18 +192,18 @@ def gate_diagnostics(root: Path) -> dict[Path, bytes]:
     df["hashes"] = column(df, "params.scheme.hashes")
     steps = (1, 2, 3, 5, 10, 15, 20)
     for k in steps:
-        df[f"m{k}"] = series_value(df, "gate_c_mean_norm", lambda p, k=k: at(p, k))
-        df[f"r{k}"] = series_value(df, "gate_c_rms_norm", lambda p, k=k: at(p, k))
+        for c, metric in (("m", "gate_c_mean_norm"), ("r", "gate_c_rms_norm")):
+            df[f"{c}{k}"] = series_value(df, metric, lambda p, k=k: at(p, k))
     rep = Report("fedsketch_gate_diag", root, f"{OUT}/gate_diagnostics.md", [GATE], df, dims(
         unsketch=dict(values=["privix", "heaprix"], labels=DECODERS, header="decoder"),
-        sketch=dict(values=["20", "1"], labels={"20": "(20, 40)", "1": "(1, 800)"}, header="sketch (t, k)"),
-        heavy=dict(values=["k", "61706"], labels={"k": "", "61706": "m = d (exact)"}, header="heavy coordinates"),
-        hashes=dict(values=["fixed", "per_round"], labels={"fixed": "fixed", "per_round": "fresh per round"}),
-        lr=dict(header="η"), status=dict(values=["FINISHED", "FAILED"], labels={"FINISHED": "ok", "FAILED": "diverged"}),
-        seed={}), where={"status": ("FINISHED", "FAILED")})
+        sketch=dict(values={"20": "(20, 40)", "1": "(1, 800)"}, header="sketch (t, k)"),
+        heavy=dict(values={"k": "", "61706": "m = d (exact)"}, header="heavy coordinates"),
+        hashes=dict(values={"fixed": "fixed", "per_round": "fresh per round"}), lr=dict(header="η"),
+        status=dict(values={"FINISHED": "ok", "FAILED": "diverged"}), seed={}),
+        where={"status": ("FINISHED", "FAILED")})
     rows = ["unsketch", "sketch", "heavy", "hashes", "lr", "status"]
-    return rep.files({"rms": rep.table(rows, [Cell(f"round {k}", f"r{k}", "same", "{:.2g}") for k in steps]),
-                      "mean": rep.table(rows, [Cell(f"round {k}", f"m{k}", "same", "{:.2g}") for k in steps])})
+    return rep.files({b: rep.table(rows, [Cell(f"round {k}", f"{c}{k}", "same", "{:.2g}") for k in steps])
+                      for b, c in (("rms", "r"), ("mean", "m"))})
 
 
 def sketchedsgd_heavy(root: Path) -> dict[Path, bytes]:
@@ -234,9 +211,8 @@ def sketchedsgd_heavy(root: Path) -> dict[Path, bytes]:
     df["heavy"] = column(df, "params.scheme.num_heavy", kind=int)
     df["up_worker_round"] = df["metrics.uplink_bytes_final"] / df["metrics.rounds_completed"] / df["metrics.clients"]
     rep = Report("fedsketch_sketchedsgd_heavy", root, f"{OUT}/sketchedsgd_heavy.md", [HEAVY], df, dims(
-        heavy=dict(values=[40, 400, 4000], labels={40: "m = 40 (= k)", 400: "m = 400", 4000: "m = 4000"},
-                   header="heavy coordinates per round"),
-        lr=dict(values=[0.1, 1.0], labels={0.1: "η = 0.1", 1.0: "η = 1"}, header="η"), seed={}))
+        heavy=dict(values={40: "m = 40 (= k)", 400: "m = 400", 4000: "m = 4000"}, header="heavy coordinates per round"),
+        lr=dict(values={0.1: "η = 0.1", 1.0: "η = 1"}, header="η"), seed={}))
     return rep.files({"table": rep.table(["heavy"], [
         Cell("final", "acc", "mean"), Cell("best", "acc_best", "mean"),
         Cell("uplink per worker and round, B", "up_worker_round", "mean", "{:,.0f}", level=0)], ["lr"])})

@@ -1,21 +1,16 @@
 """Paper 001 (Fu et al.: "On the Practicality of Differential Privacy in Federated Learning by Tuning Iteration
 Times", arXiv 2101.04163): final test error against E (local iterations per global iteration) with local DP, on
-Lending Club (LR, Laplace) and FEMNIST (CNN, Gaussian).
-
-Where the paper stands: the stored text ../shared/papers/001_831166c7be13f0c3.txt ("line N" is that file's line). It
-has no results section (no figure, no table, no MSE or accuracy of the paper), so the reports have no paper column:
-the claims quote what the text states about E and the noise.
-"""
+Lending Club (LR, Laplace) and FEMNIST (CNN, Gaussian). "line N": that line of the stored text
+../shared/papers/001_831166c7be13f0c3.txt, which has no results (no paper column: the claims quote the text)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fedrun.reports.common import Cell, Claim, Export, Report, column, dims, gt, load
+from fedrun.reports.common import Cell, Claim, Report, column, dims, export, gt, load
 
 OUT = "results/fu21"
-LC = Export(f"{OUT}/runs/fu21-lending-club", "fu21-lending-club", every=10)
-FEMNIST = Export(f"{OUT}/runs/fu21-femnist", "fu21-femnist")
+LC, FEMNIST = export(OUT, "fu21-lending-club", every=10), export(OUT, "fu21-femnist")
 TUNE = ('the point of tuning E (title, line 1): "how to set up the number of LIs and how it affects the final model '
         'accuracy have not been explored yet" (line 17), "how to set E and T_g will affect the variance of the noise '
         'item, and hence it will affect the convergence" (line 67); that the best E exceeds 1 is this rebuild\'s '
@@ -31,41 +26,40 @@ LC_EXPECT = [dict(sweep="T100", eps=[INF, 10.0, 5.0, 3.0], E=[1, 2, 5, 10, 20, 5
 FEMNIST_EXPECT = [dict(sens="paper_unchecked", sweep="T24", eps=[INF, 30.0, 10.0, 3.0], E=[1, 2, 4, 8]),
                   dict(sens="paper_unchecked", sweep="Tg6", eps=[INF, 3.0], E=[1, 2, 4, 8]),
                   dict(sens="proven", sweep="T24", eps=10.0, E=[1, 2, 4, 8])]
-NOISE_CELLS = [Cell("noise item var/coord, measured", "noise", "mean", "{:.3g}"),
-               Cell("noise item var/coord, formula", "noise_formula", "mean", "{:.3g}")]
-COLORS = {1: "black", 2: "tab:blue", 5: "tab:green", 10: "tab:red", 20: "tab:purple", 50: "tab:orange",
-          100: "tab:brown"}
 
 
-def _frame(root: Path, export: Export, total: dict, eps: list, steps: list, tg: int) -> tuple:
+def _per_cell(value: str, header: str, eps: list[Cell], spec: str, ratio: str) -> list[Cell]:
+    """The per-cell table's columns: iterations, seeds, the final value, ε composed, the noise item."""
+    return [Cell("T_g", "tg", "same", "{:.0f}"), Cell("T_l (max)", "tl", "same", "{:.0f}"), Cell("seeds", value, "n"),
+            Cell(header, value, spec=spec), *eps, Cell("noise item var/coord, measured", "noise", "mean", "{:.3g}"),
+            Cell("noise item var/coord, formula", "noise_formula", "mean", "{:.3g}"),
+            Cell("measured / formula", "noise_ratio", "mean", ratio)]
+
+
+def _frame(root: Path, exp, total: dict, eps: list, steps: list, tg: int, **more: dict) -> tuple:
     """The runs with the dims sweep (fixed T or fixed T_g = tg), eps, E, seed and the per-cell values."""
-    df = load(root, [export])
+    df = load(root, [exp])
     df["sweep"] = column(df, "params.total_iterations", map=total)
     df["eps"] = column(df, "params.epsilon", kind=float)
     df["E"] = column(df, "params.local_steps", kind=int)
-    df["seed"] = column(df, "params.seed", kind=int)
-    df["tg"] = df["params.rounds"].astype(float)
-    df["tl"] = df["metrics.ldp_participations_max"]
     noisy = df["eps"].isin(eps[1:])   # ε = ∞ adds no noise
-    df["noise"] = df["metrics.ldp_noise_item_var"].where(noisy)
-    df["noise_formula"] = df["metrics.ldp_noise_item_var_formula"].where(noisy)
+    df = df.assign(tg=df["params.rounds"].astype(float), tl=df["metrics.ldp_participations_max"],
+                   noise=df["metrics.ldp_noise_item_var"].where(noisy),
+                   noise_formula=df["metrics.ldp_noise_item_var_formula"].where(noisy))
     df["noise_ratio"] = df["noise"] / df["noise_formula"]
-    d = dict(sweep=dict(values=list(total.values()), labels={
+    return df, dims(**more, sweep=dict(values=list(total.values()), labels={
         v: (f"fixed T = E·T_g = {k} (T_g = {k} / E)" if k != "None" else f"fixed T_g = {tg} global iterations "
             f"(T = {tg}·E)") for k, v in total.items()}),
         eps=dict(values=eps, labels={e: f"ε = {e:g}".replace("inf", "∞") for e in eps}, header="ε (target)"),
         E=dict(values=steps, labels={e: f"E = {e}" for e in steps}), seed={})
-    return df, d
 
 
 def lending_club(root: Path, sensitivity: str = "proven") -> dict[Path, bytes]:
     proven = sensitivity == "proven"
     df, d = _frame(root, LC, {"100": "T100", "None": "Tg10"}, [INF, 10.0, 5.0, 3.0], [1, 2, 5, 10, 20, 50, 100], 10)
-    df["mse"] = df["metrics.test_mse"]
-    df["eps_composed"] = df["metrics.ldp_epsilon_max"]
-    name = "fu21_lending_club" + ("" if proven else "_paper_unchecked")
+    df = df.assign(mse=df["metrics.test_mse"], eps_composed=df["metrics.ldp_epsilon_max"])
     stem = "lending_club" + ("" if proven else "_paper_unchecked")
-    rep = Report(name, root, f"{OUT}/{stem}.md", [LC], df, dims(**d),
+    rep = Report(f"fu21_{stem}", root, f"{OUT}/{stem}.md", [LC], df, d,
                  where={"status": ("FINISHED",), "params.local_dp_sensitivity": (sensitivity,)})
     t100, tg10 = (lambda e, k: dict(sweep="T100", eps=e, E=k)), (lambda e, k: dict(sweep="Tg10", eps=e, E=k))
     claims = [Claim(f"fixed T = 100, ε = {e:g}: some interior E (2 … 50) beats E = 1 (a lower final test MSE)", "mse",
@@ -84,33 +78,27 @@ def lending_club(root: Path, sensitivity: str = "proven") -> dict[Path, bytes]:
     claims += [Claim(f"fixed T_g = 10, ε = {e:g}: some E (2 … 50) beats E = 1 (a lower final test MSE)", "mse",
                      tuple(gt(tg10(e, 1), tg10(e, k)) for k in (2, 5, 10, 20, 50)), NOISE, "line 67", any=True)
                for e in (10.0, 3.0)]
-    figures = {f"{stem}_{s}.svg": rep.curves(
-        f"{stem}_{s}.svg", "test_mse", ["eps"], ["E"], f"{t}: test MSE per global iteration, mean over 5 seeds (band: "
-        "± std where above 0)", "test MSE (log)", {"sweep": s}, ("E", COLORS), xlabel="global iteration",
-        yscale="log") for s, t in (("T100", "fixed T = E·T_g = 100"), ("Tg10", "fixed T_g = 10"))}
+    figures, colors = {}, ("E", {1: "black", 2: "tab:blue", 5: "tab:green", 10: "tab:red", 20: "tab:purple",
+                                 50: "tab:orange", 100: "tab:brown"})
+    for s, t in (("T100", "fixed T = E·T_g = 100"), ("Tg10", "fixed T_g = 10")):
+        figures |= rep.curves(f"{stem}_{s}.svg", ["eps"], ["E"], f"{t}: test MSE per global iteration, mean over 5 "
+                              "seeds (band: ± std where above 0)", {"sweep": s}, colors, series="test_mse",
+                              ylabel="test MSE (log)", xlabel="global iteration", yscale="log")
+    eps = [Cell("ε composed, worst client (Laplace: basic)", "eps_composed", "max", "{:.3g}")]
     return rep.files({"mse": rep.table(["eps"], [Cell(value="mse", spec="{:.2f}", best="min")], ["E"], "sweep"),
-                      "per_cell": rep.table(["eps", "E"], [
-                          Cell("T_g", "tg", "same", "{:.0f}"), Cell("T_l (max)", "tl", "same", "{:.0f}"),
-                          Cell("seeds", "mse", "n"), Cell("final test MSE", "mse", spec="{:.2f}"),
-                          Cell("ε composed, worst client (Laplace: basic)", "eps_composed", "max", "{:.3g}"), *NOISE_CELLS,
-                          Cell("measured / formula", "noise_ratio", "mean", "{:.2f}")], split="sweep")},
-                     figures, claims, LC_EXPECT)
+                      "per_cell": rep.table(["eps", "E"], _per_cell("mse", "final test MSE", eps, "{:.2f}", "{:.2f}"),
+                                            split="sweep")}, figures, claims, LC_EXPECT)
 
 
 def femnist(root: Path) -> dict[Path, bytes]:
-    df, d = _frame(root, FEMNIST, {"24": "T24", "None": "Tg6"}, [INF, 30.0, 10.0, 3.0], [1, 2, 4, 8], 6)
+    df, d = _frame(root, FEMNIST, {"24": "T24", "None": "Tg6"}, [INF, 30.0, 10.0, 3.0], [1, 2, 4, 8], 6, sens=dict(
+        values={"paper_unchecked": "the paper's Δ = 2ζηE/n_l, unchecked",
+                "proven": "the proven Δ = 2ζη/n_l + 2ζη(E−1)"}, header="sensitivity"))
     df["sens"] = column(df, "params.local_dp_sensitivity")
-    df["acc"] = df["metrics.test_accuracy"]
-    df["eps_pld"] = df["metrics.ldp_epsilon_pld_max"]
-    df["eps_rdp"] = df["metrics.ldp_epsilon_rdp_max"]
-    rep = Report("fu21_femnist", root, f"{OUT}/femnist.md", [FEMNIST], df, dims(sens=dict(
-        values=["paper_unchecked", "proven"], header="sensitivity",
-        labels={"paper_unchecked": "the paper's Δ = 2ζηE/n_l, unchecked", "proven": "the proven Δ = 2ζη/n_l + 2ζη(E−1)"}),
-        **d))
-
-    def c(e: float, k: int, sweep: str = "T24", sens: str = "paper_unchecked") -> dict:
-        return dict(sens=sens, sweep=sweep, eps=e, E=k)
-
+    df = df.assign(acc=df["metrics.test_accuracy"], eps_pld=df["metrics.ldp_epsilon_pld_max"],
+                   eps_rdp=df["metrics.ldp_epsilon_rdp_max"])
+    rep = Report("fu21_femnist", root, f"{OUT}/femnist.md", [FEMNIST], df, d)
+    c = lambda e, k, sweep="T24", sens="paper_unchecked": dict(sens=sens, sweep=sweep, eps=e, E=k)  # noqa: E731
     some = "some E > 1 (2, 4, 8) beats E = 1"
     claims = [Claim(f"fixed T = 24, ε = {e:g}: {some} (a higher final test accuracy)", "acc",
                     tuple(gt(c(e, k), c(e, 1)) for k in (2, 4, 8)), TUNE, "lines 1, 17, 67", any=True)
@@ -120,8 +108,7 @@ def femnist(root: Path) -> dict[Path, bytes]:
                      LAW + "E = 2 is the smallest interior E of this grid, not a number of the paper", "lines 63, 67")
                for e in (30.0, 10.0, 3.0)]
     claims += [Claim(f"fixed T_g = 6, ε = 3: {some} (a higher final test accuracy)", "acc",
-                     tuple(gt(c(3.0, k, "Tg6"), c(3.0, 1, "Tg6")) for k in (2, 4, 8)), NOISE, "line 67",
-                     any=True),
+                     tuple(gt(c(3.0, k, "Tg6"), c(3.0, 1, "Tg6")) for k in (2, 4, 8)), NOISE, "line 67", any=True),
                Claim(f"the proven sensitivity, fixed T = 24, ε = 10: {some}", "acc",
                      tuple(gt(c(10.0, k, sens="proven"), c(10.0, 1, sens="proven")) for k in (2, 4, 8)),
                      "the paper's question with a proven ε: \"how to set E and T_g will affect the variance of the "
@@ -132,12 +119,9 @@ def femnist(root: Path) -> dict[Path, bytes]:
                      "the benefit side of the trade-off: without noise, more local iterations per global iteration "
                      "should converge further (the noise-free benchmark, line 89)", "line 89")]
     unchecked = {"sens": "paper_unchecked"}
+    eps = [Cell("ε composed (PLD)", "eps_pld", "max", "{:.3g}"), Cell("ε composed (RDP)", "eps_rdp", "max", "{:.3g}")]
     return rep.files({"acc": rep.table(["eps"], [Cell(value="acc", best="max")], ["E"], "sweep", unchecked),
-                      "per_cell": rep.table(["eps", "E"], [
-                          Cell("T_g", "tg", "same", "{:.0f}"), Cell("T_l (max)", "tl", "same", "{:.0f}"),
-                          Cell("seeds", "acc", "n"), Cell("final test accuracy", "acc"),
-                          Cell("ε composed (PLD)", "eps_pld", "max", "{:.3g}"),
-                          Cell("ε composed (RDP)", "eps_rdp", "max", "{:.3g}"), *NOISE_CELLS,
-                          Cell("measured / formula", "noise_ratio", "mean", "{:.3f}")], split="sweep", where=unchecked),
+                      "per_cell": rep.table(["eps", "E"], _per_cell("acc", "final test accuracy", eps, "{:.3f}",
+                                                                    "{:.3f}"), split="sweep", where=unchecked),
                       "sensitivities": rep.table(["sens"], [Cell(value="acc", best="max")], ["E"],
                                                  where=dict(sweep="T24", eps=10.0))}, {}, claims, FEMNIST_EXPECT)

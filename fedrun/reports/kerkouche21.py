@@ -1,11 +1,7 @@
 """Paper 000 (Kerkouche, Ács, Castelluccia, Genevès: "Compression Boosts Differentially Private Federated Learning",
 EuroS&P 2021): Table III on Fashion-MNIST, the model-size check, the server-lr tuning, FL-STD-DP read the paper's way
-(early stopping) and the privacy audit.
-
-Where the paper's numbers stand: the stored text ../shared/papers/000_f465fe9b8ada4e59.txt ("line N" is that file's
-line; no section or page numbers, and without Table III's grid and Tables V/VI). Every number is stated in the text
-on Table III except FL-STD's without DP, inferred (marked).
-"""
+(early stopping) and the privacy audit. "line N": that line of the stored text ../shared/papers/000_f465fe9b8ada4e59.txt
+(it lacks Table III's grid): every number is stated in the text on Table III except FL-STD's without DP (inferred)."""
 
 from __future__ import annotations
 
@@ -14,90 +10,64 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import (P, Cell, Claim, Export, Report, column, contrast, dims, fill, fmt, gt, load, md,
-                                   mean, near, saving, sd)
+from fedrun.reports.common import (P, Cell, Claim, Report, column, contrast, dims, export, fill, fmt, gt, load, md,
+                                   near, saving)
 
 OUT = "results/kerkouche21"
-T3 = Export(f"{OUT}/runs/kerkouche21-table3", "kerkouche21-table3", every=10)
-SIZE = Export(f"{OUT}/runs/kerkouche21-model-size", "kerkouche21-model-size", every=10)
-LR = Export(f"{OUT}/runs/kerkouche21-server-lr", "kerkouche21-server-lr", every=10)
-AUDIT = Export(f"{OUT}/runs/kerkouche21-audit", "kerkouche21-audit")
+T3, SIZE, LR = (export(OUT, f"kerkouche21-{n}", every=10) for n in ("table3", "model-size", "server-lr"))
+AUDIT = export(OUT, "kerkouche21-audit")
 SCHEMES = {"fl_std": "FL-STD", "fl_rnd": "FL-RND", "fl_freq": "FL-FREQ", "fl_cs": "FL-CS"}
 OPTS = {"paper": "paper's setup", "off": "server options off", "on": "server options on"}
-L87 = "text on Table III, line 87"
-L81 = "text on Table III, line 81"
+L87, L81 = "text on Table III, line 87", "text on Table III, line 81"
+CS_DP = '0.78 vs 0.61, "FL-CS-DP with a compression ratio of 0.05 outperforms FL-STD-DP"', "lines 81, 85, 87"
 
 
-def _frame(root: Path, exports: list[Export]) -> pd.DataFrame:
+def _frame(root: Path, exports: list) -> pd.DataFrame:
     df = load(root, exports)
     df["scheme"] = column(df, "tags.scheme", "params.scheme.name")
-    df["r"] = column(df, "params.r", kind=float)
-    df.loc[df.scheme == "fl_std", "r"] = 1.0          # FL-STD does not compress: r = 1 whatever params.r says
+    df["r"] = column(df, "params.r", kind=float).where(df.scheme != "fl_std", 1.0)  # FL-STD does not compress: r = 1
     df["dp"] = column(df, "tags.dp", map={"client": "on"})
     df["server_opts"] = column(df, "params.server_opts", missing="paper",   # runs from before the switch
                                map={"True": "on", "False": "off", "true": "on", "false": "off"})
-    df["seed"] = column(df, "params.seed", kind=int)
-    df["acc"] = df["metrics.best_test_accuracy"]
-    df["round"] = df["metrics.best_round"]
-    return df
+    return df.assign(acc=df["metrics.best_test_accuracy"], round=df["metrics.best_round"])
 
 
 def table3(root: Path) -> dict[Path, bytes]:
     df = _frame(root, [T3])
-    dp = df.dp == "on"
-    df["cost_mb"] = df["metrics.cost_bits_at_best"] / 8e6
-    df["uplink_mb"] = df["metrics.uplink_bytes_at_best"] / 1e6
-    df["uplink_client_mb"] = df["metrics.uplink_bytes_at_best"] / df["params.num_clients"].astype(float) / 1e6
-    df["uplink_round_mb"] = df["metrics.uplink_bytes_final"] / df["metrics.rounds_completed"] / 1e6
-    for v, m in (("eps", "epsilon_at_best"), ("eps_final", "epsilon_final"), ("sigma", "dp_noise_multiplier"),
-                 ("clip", "dp_clipping_norm")):
-        df[v] = df[f"metrics.{m}"].where(dp)
-    paper = [P(dict(scheme="fl_std", r=1.0, dp="off"), "acc", 0.91, L87,
-               "FL-STD-DP's 0.61 plus the \"about 30 %\" by which DP degrades FL-STD (line 87), read as 30 points; "
-               "read as a relative drop it would be 0.61 / 0.7 ≈ 0.87. Table III's own value is not in the stored text"),
-             P(dict(scheme="fl_std", r=1.0, dp="on"), "acc", 0.61,
-               f"{L87} (\"best accuracy (61%) after only 25 rounds with early stopping\")"),
-             P(dict(scheme="fl_std", r=1.0, dp="on"), "round", 25, L87),
-             P(dict(scheme="fl_std", r=1.0, dp="on"), "eps", 0.69, L87),
-             P(dict(scheme="fl_std", r=1.0, dp="on"), "cost_mb", 22.18, f"{L87} (\"only 22.18 Megabyte\")"),
-             P(dict(scheme="fl_cs", r=0.05, dp="on"), "acc", 0.78, f"{L81} (twice)"),
-             P(dict(scheme="fl_cs", r=0.1, dp="on"), "acc", 0.73, L81),
-             P(dict(scheme="fl_cs", r=0.2, dp="on"), "acc", 0.66, L81),
-             P(dict(scheme="fl_rnd", r=0.1, dp="on"), "acc", 0.77, L81),
-             P(dict(scheme="fl_rnd", r=0.2, dp="on"), "acc", 0.80, L81)]
+    m, dp = (lambda k: df[f"metrics.{k}"]), df.dp == "on"
+    df = df.assign(cost_mb=m("cost_bits_at_best") / 8e6, uplink_mb=m("uplink_bytes_at_best") / 1e6,
+                   uplink_client_mb=m("uplink_bytes_at_best") / df["params.num_clients"].astype(float) / 1e6,
+                   uplink_round_mb=m("uplink_bytes_final") / m("rounds_completed") / 1e6,
+                   eps=m("epsilon_at_best").where(dp), eps_final=m("epsilon_final").where(dp),
+                   sigma=m("dp_noise_multiplier").where(dp), clip=m("dp_clipping_norm").where(dp))
+    std_dp = dict(scheme="fl_std", r=1.0, dp="on")
+    paper = [P(dict(scheme="fl_std", r=1.0, dp="off"), "acc", 0.91, L87, "FL-STD-DP's 0.61 plus the \"about 30 %\" by "
+               "which DP degrades FL-STD (line 87), read as 30 points; read as a relative drop it would be 0.61 / 0.7 "
+               "≈ 0.87. Table III's own value is not in the stored text"),
+             P(std_dp, "acc", 0.61, f"{L87} (\"best accuracy (61%) after only 25 rounds with early stopping\")"),
+             P(std_dp, "round", 25, L87), P(std_dp, "eps", 0.69, L87),
+             P(std_dp, "cost_mb", 22.18, f"{L87} (\"only 22.18 Megabyte\")"),
+             P(dict(scheme="fl_cs", r=0.05, dp="on"), "acc", 0.78, f"{L81} (twice)")] + [
+             P(dict(scheme=s, r=r, dp="on"), "acc", a, L81)
+             for s, r, a in (("fl_cs", 0.1, 0.73), ("fl_cs", 0.2, 0.66), ("fl_rnd", 0.1, 0.77), ("fl_rnd", 0.2, 0.80))]
     rep = Report("kerkouche21_table3", root, f"{OUT}/table3.md", [T3], df, dims(
-        scheme=dict(values=SCHEMES, labels=SCHEMES), r=dict(values=[1.0, 0.05, 0.1, 0.2]),
+        scheme=dict(values=SCHEMES), r=dict(values=[1.0, 0.05, 0.1, 0.2]),
         dp=dict(values=["off", "on"], labels={"off": "without DP", "on": "with client-level DP"}, header="DP"),
-        server_opts=dict(values=OPTS, labels=OPTS, header="server options"), seed={}), paper=paper,
+        server_opts=dict(values=OPTS, header="server options"), seed={}), paper=paper,
         quantities={"acc": ("best test accuracy", "{:.2f}"), "round": ("round of the best accuracy", "{:g}"),
                     "eps": ("ε at the best round", "{:g}"), "cost_mb": ("Cost r·n·32·Round·C to the best round, MB",
                                                                          "{:g}")})
-    expect = [dict(scheme="fl_std", r=1.0, dp=["off", "on"], server_opts=["off", "on"]),
-              dict(scheme=["fl_rnd", "fl_freq", "fl_cs"], r=[0.05, 0.1, 0.2], dp=["off", "on"],
-                   server_opts=["off", "on"])]
-    per_cell = [Cell("best accuracy", "acc"), Cell("round", "round", spec="{:.0f}"),
-                Cell("round (paper)", paper="round", spec="{:g}"),
-                Cell("Cost r·n·32·Round·C, MB", "cost_mb", "mean", "{:.3g}"), Cell("Cost (paper)", paper="cost_mb",
-                                                                                  spec="{:g}"),
-                Cell("uplink to best round, MB", "uplink_mb", "mean", "{:.4g}"),
-                Cell("… per client, MB", "uplink_client_mb", "mean", "{:.3g}"),
-                Cell("ε at best round", "eps", "mean", "{:.2f}"), Cell("ε (paper)", paper="eps", spec="{:g}"),
-                Cell("ε after all rounds", "eps_final", "same", "{:.2f}"), Cell("σ", "sigma", "same", "{:.3g}"),
-                Cell("S", "clip", "same", "{:g}")]
     opts = rep.present("server_opts")
-
-    def c(scheme: str, r: float, dp: str, o: str) -> dict:
-        return dict(scheme=scheme, r=r, dp=dp, server_opts=o)
-
+    c = lambda scheme, r, dp, o: dict(scheme=scheme, r=r, dp=dp, server_opts=o)  # noqa: E731
     claims = [Claim(f"FL-CS outperforms FL-RND and FL-FREQ without DP at r = {r:g} [{OPTS[o]}]", "acc",
                     (gt(c("fl_cs", r, "off", o), c("fl_rnd", r, "off", o)),
                      gt(c("fl_cs", r, "off", o), c("fl_freq", r, "off", o))),
                     '"our FL-CS scheme outperforms FL-RND and FL-FREQ whatever the considered compression ratio"',
                     "line 79") for r in (0.05, 0.1, 0.2) for o in opts]
     claims += [Claim(f"FL-CS reaches FL-STD's accuracy without DP at r = {r:g} (within ±3 points) [{OPTS[o]}]", "acc",
-                     (near(c("fl_cs", r, "off", o), c("fl_std", 1.0, "off", o), 0.03),),
-                     '"our scheme started to reach the same accuracy from a compression ratio r being equal or greater '
-                     'than 0.1"', "line 79") for r in (0.1, 0.2) for o in opts]
+                     (near(c("fl_cs", r, "off", o), c("fl_std", 1.0, "off", o), 0.03),), '"our scheme started to reach '
+                     'the same accuracy from a compression ratio r being equal or greater than 0.1"', "line 79")
+               for r in (0.1, 0.2) for o in opts]
     claims += [Claim(f"without DP at r = 0.05, FL-CS is about 6 points below FL-STD (6 ± 3) [{OPTS[o]}]", "acc",
                      (near(c("fl_std", 1.0, "off", o), c("fl_cs", 0.05, "off", o), 0.03, 0.06),),
                      '"the differences between FL-CS and FL-STD for a compression ratio of 0.05 are only of 6%"',
@@ -113,9 +83,7 @@ def table3(root: Path) -> dict[Path, bytes]:
                      '"Even for FL-RND and FL-FREQ, the gap between the non-private and the private version is larger '
                      'when the compression ratio increases"', "line 83") for s in ("fl_rnd", "fl_freq") for o in opts]
     claims += [Claim(f"with DP, FL-CS at r = 0.05 beats FL-STD-DP [{OPTS[o]}]", "acc",
-                     (gt(c("fl_cs", 0.05, "on", o), c("fl_std", 1.0, "on", o)),),
-                     '0.78 vs 0.61, "FL-CS-DP with a compression ratio of 0.05 outperforms FL-STD-DP"',
-                     "lines 81, 85, 87") for o in opts]
+                     (gt(c("fl_cs", 0.05, "on", o), c("fl_std", 1.0, "on", o)),), *CS_DP) for o in opts]
     claims += [Claim(f"FL-CS-DP is best at the smallest r (r = 0.05 above 0.1 above 0.2) [{OPTS[o]}]", "acc",
                      (gt(c("fl_cs", 0.05, "on", o), c("fl_cs", 0.1, "on", o)),
                       gt(c("fl_cs", 0.1, "on", o), c("fl_cs", 0.2, "on", o))),
@@ -125,78 +93,80 @@ def table3(root: Path) -> dict[Path, bytes]:
                      (near(c("fl_cs", 0.05, "on", o), c("fl_rnd", 0.1, "on", o), 0.01),),
                      '"FL-CS-DP with a compression ratio of 5% reached 0.78 ... FL-RND needs a compression ratio of 10% '
                      'to reach a similar result (0.77)"', "line 81") for o in opts]
-    for r, pct, least, quote in ((0.05, 95, 0.945, '"FL-CS reduces the bandwidth cost by 95% compared to FL-STD with a'
-                                                   ' compression ratio of 0.05"'),
-                                 (0.2, 80, 0.795, '"the bandwidth cost is reduced to 80% ... with a compression ratio '
-                                                  'of 0.2 for Fashion-MNIST"')):
-        claims += [saving(f"bandwidth saving of FL-CS over FL-STD ~{pct} % at r = {r:g} (uplink per round) [{OPTS[o]}]",
-                          "uplink_round_mb", c("fl_cs", r, "off", o), c("fl_std", 1.0, "off", o), least,
-                          quote, "line 79") for o in opts]
-    figure = rep.curves("table3_accuracy.svg", "test_accuracy", ["dp", "server_opts"], ["scheme", "r"],
-                        "Fashion-MNIST, fashion_cnn (n = 114,314): test accuracy per round, mean over seeds (band: ± std)",
-                        "test accuracy", color=("scheme", {"fl_std": "black", "fl_rnd": "tab:blue",
-                                                           "fl_freq": "tab:green", "fl_cs": "tab:red"}),
-                        style=("r", {1.0: "-", 0.05: "-", 0.1: "--", 0.2: ":"}))
+    claims += [saving(f"bandwidth saving of FL-CS over FL-STD ~{pct} % at r = {r:g} (uplink per round) [{OPTS[o]}]",
+                      "uplink_round_mb", c("fl_cs", r, "off", o), c("fl_std", 1.0, "off", o), least, quote, "line 79")
+               for r, pct, least, quote in (
+                   (0.05, 95, 0.945, '"FL-CS reduces the bandwidth cost by 95% compared to FL-STD with a compression '
+                                     'ratio of 0.05"'),
+                   (0.2, 80, 0.795, '"the bandwidth cost is reduced to 80% ... with a compression ratio of 0.2 for '
+                                    'Fashion-MNIST"')) for o in opts]
+    figure = rep.curves("table3_accuracy.svg", ["dp", "server_opts"], ["scheme", "r"], "Fashion-MNIST, fashion_cnn "
+                        "(n = 114,314): test accuracy per round, mean over seeds (band: ± std)",
+                        color=("scheme", {"fl_std": "black", "fl_rnd": "tab:blue", "fl_freq": "tab:green",
+                                          "fl_cs": "tab:red"}), style=("r", {1.0: "-", 0.05: "-", 0.1: "--", 0.2: ":"}))
+    per_cell = [Cell("best accuracy", "acc"), Cell("round", "round", spec="{:.0f}"),
+                Cell("round (paper)", paper="round", spec="{:g}"), Cell("Cost r·n·32·Round·C, MB", "cost_mb", "mean",
+                "{:.3g}"), Cell("Cost (paper)", paper="cost_mb", spec="{:g}"),
+                Cell("uplink to best round, MB", "uplink_mb", "mean", "{:.4g}"),
+                Cell("… per client, MB", "uplink_client_mb", "mean", "{:.3g}"),
+                Cell("ε at best round", "eps", "mean", "{:.2f}"), Cell("ε (paper)", paper="eps", spec="{:g}"),
+                Cell("ε after all rounds", "eps_final", "same", "{:.2f}"), Cell("σ", "sigma", "same", "{:.3g}"),
+                Cell("S", "clip", "same", "{:g}")]
     return rep.files({"main": rep.table(["scheme", "r"], [Cell("paper", paper="acc", spec="{:.2f}", level=1),
                                                           Cell(value="acc")], ["dp", "server_opts"]),
                       "per_cell": rep.table(["scheme", "r", "server_opts"], per_cell, split="dp", drop_empty=True)},
-                     {"table3_accuracy.svg": figure}, claims, expect)
+                     figure, claims, [dict(scheme="fl_std", r=1.0, dp=["off", "on"], server_opts=["off", "on"]),
+                                      dict(scheme=["fl_rnd", "fl_freq", "fl_cs"], r=[0.05, 0.1, 0.2], dp=["off", "on"],
+                                           server_opts=["off", "on"])])
 
 
 def model_size(root: Path) -> dict[Path, bytes]:
     df = _frame(root, [SIZE, T3])
     df["model"] = column(df, "params.model.name")
     rep = Report("kerkouche21_model_size", root, f"{OUT}/model_size.md", [SIZE, T3], df, dims(
-        scheme=dict(values=["fl_std", "fl_cs"], labels={"fl_std": "FL-STD-DP", "fl_cs": "FL-CS-DP"}),
-        r=dict(values=[1.0, 0.05, 0.1]),
-        model=dict(values=["fashion_cnn", "fashion_cnn_1m"], labels={"fashion_cnn": "n = 114,314 (fashion_cnn)",
-                                                                     "fashion_cnn_1m": "n = 1,023,818 (fashion_cnn_1m)"}),
-        seed={}), where={"status": ("FINISHED",), "params.server_opts": ("off",), "tags.dp": ("client",)},
+        scheme=dict(values={"fl_std": "FL-STD-DP", "fl_cs": "FL-CS-DP"}), r=dict(values=[1.0, 0.05, 0.1]),
+        model=dict(values={"fashion_cnn": "n = 114,314 (fashion_cnn)",
+                           "fashion_cnn_1m": "n = 1,023,818 (fashion_cnn_1m)"}), seed={}),
+        where={"status": ("FINISHED",), "params.server_opts": ("off",), "tags.dp": ("client",)},
         paper=[P(dict(scheme="fl_std", r=1.0), "acc", 0.61, f"{L87} (at round 25, early stopped)"),
                P(dict(scheme="fl_cs", r=0.05), "acc", 0.78, L81), P(dict(scheme="fl_cs", r=0.1), "acc", 0.73, L81)],
         quantities={"acc": ("best test accuracy over 200 rounds", "{:.2f}")})
     claims = [Claim(f"with DP, FL-CS at r = 0.05 beats FL-STD-DP [{rep.dims['model'].label(m)}]", "acc",
-                    (gt(dict(scheme="fl_cs", r=0.05, model=m), dict(scheme="fl_std", r=1.0, model=m)),),
-                    '0.78 vs 0.61, "FL-CS-DP with a compression ratio of 0.05 outperforms FL-STD-DP"',
-                    "lines 81, 85, 87") for m in ("fashion_cnn", "fashion_cnn_1m")]
-    figure = rep.curves("model_size_accuracy.svg", "test_accuracy", ["model"], ["scheme", "r"],
-                        "Client-level DP (ε ≤ 1), server options off: test accuracy per round by model size",
-                        "test accuracy", color=("scheme", {"fl_std": "black", "fl_cs": "tab:red"}),
-                        style=("r", {1.0: "-", 0.05: "-", 0.1: "--"}))
+                    (gt(dict(scheme="fl_cs", r=0.05, model=m), dict(scheme="fl_std", r=1.0, model=m)),), *CS_DP)
+              for m in ("fashion_cnn", "fashion_cnn_1m")]
+    figure = rep.curves("model_size_accuracy.svg", ["model"], ["scheme", "r"], "Client-level DP (ε ≤ 1), server "
+                        "options off: test accuracy per round by model size", color=("scheme", {
+                            "fl_std": "black", "fl_cs": "tab:red"}), style=("r", {1.0: "-", 0.05: "-", 0.1: "--"}))
     return rep.files({"main": rep.table(["scheme", "r"], [Cell("paper", paper="acc", spec="{:.2f}", level=0),
                                                           Cell(value="acc"), Cell("round", "round", "mean", "{:.0f}")],
-                                        ["model"])}, {"model_size_accuracy.svg": figure}, claims)
+                                        ["model"])}, figure, claims)
 
 
 def server_lr(root: Path) -> dict[Path, bytes]:
     df = _frame(root, [LR])
     df["server_lr"] = column(df, "params.scheme.server_lr", kind=float)
     df["final"] = df["metrics.test_accuracy"]
-    lrs = {0.1: "η_g = 0.1", 0.3: "η_g = 0.3", 1.0: "η_g = 1"}
     rep = Report("kerkouche21_server_lr", root, f"{OUT}/server_lr.md", [LR], df, dims(
         scheme=dict(values=SCHEMES, labels={**SCHEMES, "fl_std": "FL-STD (r = 1)"}),
-        server_lr=dict(values=lrs, labels=lrs, header="server lr"), seed=dict(values=[0])))
-    figure = rep.curves("server_lr_accuracy.svg", "test_accuracy", ["scheme"], ["server_lr"],
-                        "Server momentum ρ = 0.9 with DP (ε ≤ 1), r = 0.05: test accuracy per round by server learning "
-                        "rate", "test accuracy", color=("server_lr", {0.1: "tab:blue", 0.3: "tab:green", 1.0: "black"}))
+        server_lr=dict(values={0.1: "η_g = 0.1", 0.3: "η_g = 0.3", 1.0: "η_g = 1"}, header="server lr"),
+        seed=dict(values=[0])))
+    figure = rep.curves("server_lr_accuracy.svg", ["scheme"], ["server_lr"], "Server momentum ρ = 0.9 with DP (ε ≤ 1), "
+                        "r = 0.05: test accuracy per round by server learning rate",
+                        color=("server_lr", {0.1: "tab:blue", 0.3: "tab:green", 1.0: "black"}))
     return rep.files({"best": rep.table(["scheme"], [Cell(value="acc", how="mean")], ["server_lr"]),
                       "rounds": rep.table(["scheme"], [Cell("round", "round", "mean", "{:.0f}"),
-                                                       Cell("final", "final", "mean")], ["server_lr"])},
-                     {"server_lr_accuracy.svg": figure})
+                                                       Cell("final", "final", "mean")], ["server_lr"])}, figure)
 
 
-# ------------------------------------------------------------------------ FL-STD-DP read the paper's way
 SMALL, LARGE = "fashion_cnn", "fashion_cnn_1m"     # n = 114,314 and 1,023,818
 PAPER_ROUND, PAPER_ACCURACY = 25, 0.61             # FL-STD-DP, early stopping, best at round 25 (line 87)
 
 
 def stopping(root: Path, df: pd.DataFrame | None = None) -> dict[Path, bytes]:
-    """FL-STD-DP as published (server options off, or runs from before the switch) of Table III and the model-size
-    sweep: the best test accuracy up to round 30 (evaluations at 20 and 30 bracket the paper's stopping round 25)
-    against the best over 200 rounds, per model; the two explanations of the gap to the paper's 0.61 as claims."""
-    df = load(root, [T3, SIZE]) if df is None else df
+    """FL-STD-DP as published (server options off, or from before the switch) of Table III and the model-size sweep:
+    the best test accuracy up to round 30 against the best over 200 rounds, per model; the paper's 0.61 in claims."""
+    df = load(root, [T3, SIZE]) if df is None else df.assign(seed=column(df, "params.seed", kind=int))
     df["model"] = column(df, "params.model.name", missing=SMALL)
-    df["seed"] = column(df, "params.seed", kind=int)
     acc = df["series"].map(lambda s: dict((s or {}).get("test_accuracy", [])))
     df = df.assign(r20=acc.map(lambda a: a.get(20, math.nan)), r30=acc.map(lambda a: a.get(30, math.nan)),
                    best30=acc.map(lambda a: max([v for k, v in a.items() if k <= 30], default=math.nan)),
@@ -206,50 +176,46 @@ def stopping(root: Path, df: pd.DataFrame | None = None) -> dict[Path, bytes]:
                  dims(model=dict(values=[SMALL, LARGE]), seed={}),
                  where={"status": ("FINISHED",), "tags.scheme": ("fl_std",), "tags.dp": ("client",),
                         "params.server_opts": ("off", "")})
-    runs = rep.runs.assign(_m=rep.runs["model"].map(lambda m: m != SMALL)).sort_values(["_m", "model", "seed"])
+    runs = rep.runs.assign(_m=rep.runs["model"] != SMALL).sort_values(["_m", "model", "seed"])
     table = md(["model", "seed", "accuracy at round 20", "at round 30", "best up to round 30",
-                "best over 200 rounds (round)"],
-               ([r["model"], str(r["seed"]), fmt(r["r20"]), fmt(r["r30"]), fmt(r["best30"]),
-                 f"{r['best']:.3f} ({r['round']:.0f})"] for r in runs.to_dict("records")))
+                "best over 200 rounds (round)"], ([r["model"], str(r["seed"]), fmt(r["r20"]), fmt(r["r30"]),
+                                                   fmt(r["best30"]), f"{r['best']:.3f} ({r['round']:.0f})"]
+                                                  for r in runs.to_dict("records")))
     small, large = {"model": SMALL}, {"model": LARGE}
     paper = f"FL-STD-DP \"converges to the best accuracy (61%) after only {PAPER_ROUND} rounds with early stopping\""
+    noise = "\"the norm of the added noise increases with the model size n"
     claims = [Claim(f"early stopping: near the paper's round {PAPER_ROUND}, fedrun's FL-STD-DP is where the paper's is "
                     f"(best up to round 30 within {PAPER_ACCURACY} ± 0.03)", "best30",
                     (contrast(((small, 1.0),), "≈", 0.03, PAPER_ACCURACY),), paper, "line 87"),
               Claim("early stopping: fedrun's FL-STD-DP goes on learning after round 30 (best over 200 rounds minus "
                     "best up to round 30 above 0, per run)", "gain", (contrast(((small, 1.0),)),), paper, "line 87"),
               Claim("model size: the n ≈ 10⁶ model's best over 200 rounds falls to the paper's 0.61 (± 0.03)", "best",
-                    (contrast(((large, 1.0),), "≈", 0.03, PAPER_ACCURACY),), "\"the norm of the added noise increases "
-                    "with the model size n. This has negative impact on model convergence for a large n\"", "line 83"),
+                    (contrast(((large, 1.0),), "≈", 0.03, PAPER_ACCURACY),), noise + ". This has negative impact on "
+                    "model convergence for a large n\"", "line 83"),
               Claim("model size: the n ≈ 10⁶ model's best over 200 rounds stays with the small model's (within ±3 "
-                    "points)", "best", (near(large, small, 0.03),), "\"the norm of the added noise increases with the "
-                    "model size n\"", "line 83")]
+                    "points)", "best", (near(large, small, 0.03),), noise + "\"", "line 83")]
     return rep.files({"per_run": table, "means": rep.table(["model"], [
         Cell("best up to round 30", "best30"), Cell("best over 200 rounds", "best")])}, claims=claims, readme=False)
 
 
-# ------------------------------------------------------------------------ the privacy audit
 def audit(root: Path) -> dict[Path, bytes]:
-    """The empirical privacy audit's runs (FL-STD-DP and FL-CS-DP r = 0.05, each also as the negative control
-    without noise, made when that was still a run option; it is a test double now, tests/integration/test_audit.py)."""
+    """The privacy audit's runs: FL-STD-DP and FL-CS-DP r = 0.05, each also as the negative control without noise."""
     df = load(root, [AUDIT])
     df = df[df.status == "FINISHED"].copy()
     df["control"] = df["params.audit.negative_control"].astype(str).str.lower() == "true"
-    df = df.sort_values(["params.scheme.name", "control"])
-    rows = [[r["params.scheme.name"], "removed (negative control)" if r["control"] else
-             f"σ = {r['tags.dp.noise_multiplier']}", r["params.clipping_norm"], fmt(r["metrics.epsilon_final"]),
-             fmt(r["metrics.epsilon_pld"]), fmt(r["metrics.audit_epsilon_lower"]),
-             f"{r['metrics.audit_correct']:.0f} / {r['metrics.audit_guesses']:.0f}",
-             fmt(r["metrics.audit_included"], "{:.0f}"), fmt(r["metrics.audit_participations_mean"], "{:.2f}"),
-             fmt(r["metrics.best_test_accuracy"])] for r in df.to_dict("records")]
-    reading = []
-    for r in df.to_dict("records"):
+    rows, reading = [], []
+    for r in df.sort_values(["params.scheme.name", "control"]).to_dict("records"):
         low, eps = r["metrics.audit_epsilon_lower"], r["metrics.epsilon_final"]
+        rows.append([r["params.scheme.name"], "removed (negative control)" if r["control"] else
+                     f"σ = {r['tags.dp.noise_multiplier']}", r["params.clipping_norm"], fmt(eps),
+                     fmt(r["metrics.epsilon_pld"]), fmt(low), f"{r['metrics.audit_correct']:.0f} / "
+                     f"{r['metrics.audit_guesses']:.0f}", fmt(r["metrics.audit_included"], "{:.0f}"),
+                     fmt(r["metrics.audit_participations_mean"], "{:.2f}"), fmt(r["metrics.best_test_accuracy"])])
         verdict = ("the audit refutes the claimed ε (it catches the missing noise)" if low > eps else
                    "consistent with the claimed ε" + (" — the control was NOT caught" if r["control"] else ""))
         reading.append(f"- {r['params.scheme.name']}{' without noise' if r['control'] else ''}: lower bound "
                        f"{low:.3f} vs claimed {eps:.3f}: {verdict}.")
     table = md(["scheme", "noise", "S", "ε claimed (RDP)", "ε (PLD)", "audit ε lower bound (95 %)",
                 "correct / guesses", "canaries in", "rounds per included canary", "best test acc."], rows)
-    text = fill(root / OUT / "audit.template.md", {"table": table, "reading": "\n".join(reading)})
-    return {Path(f"{OUT}/audit.md"): text.encode()}
+    return {Path(f"{OUT}/audit.md"): fill(root / OUT / "audit.template.md", {"table": table, "reading": "\n".join(
+        reading)}).encode()}

@@ -1,11 +1,6 @@
 """The claim test, for a few seeds per cell: Welch's t with Satterthwaite's degrees of freedom on a contrast of cell
-means, two one-sided tests (TOST) for "within x", Holm's step-down for several comparisons and for a report's family.
-
-A comparison is a contrast d = Σ cᵢ·mean(cellᵢ) + c₀ (a difference of two cells, a difference of differences, or one
-cell against a number) with Var(d) = Σ cᵢ²·sᵢ²/nᵢ. It is tested in both directions, each one-sided at α/2: *met*
-when the claim's side is shown, *not met* when the other side is, so that with no true difference a decisive
-verdict comes with probability α. Pure: numbers in, numbers out (scipy.stats for the t distribution).
-"""
+means d = Σ cᵢ·mean(cellᵢ), Var(d) = Σ cᵢ²·sᵢ²/nᵢ, tested in both directions, each one-sided at α/2; two one-sided
+tests (TOST) for "within x"; Holm's step-down for several comparisons and for a report's family. Pure numbers."""
 
 from __future__ import annotations
 
@@ -25,9 +20,9 @@ class Welch(NamedTuple):
     df: float           # Satterthwaite's degrees of freedom (inf when every variance is 0)
     parts: tuple        # cᵢ²·sᵢ²/nᵢ per cell, with nᵢ (to size a study)
 
-    def ci(self, level: float = 1 - ALPHA) -> tuple[float, float]:
-        """The two-sided confidence interval of d."""
-        h = self.se * (stats.t.ppf(0.5 + level / 2, self.df) if self.se > 0 else 0.0)
+    def ci(self) -> tuple[float, float]:
+        """The two-sided 1 − α confidence interval of d."""
+        h = self.se * (stats.t.ppf(1 - ALPHA / 2, self.df) if self.se > 0 else 0.0)
         return self.d - h, self.d + h
 
     def p_above(self, bound: float) -> float:
@@ -54,9 +49,8 @@ def welch(samples: Sequence[Sequence[float]], coefs: Sequence[float]) -> Welch |
 
 
 def p_values(w: Welch, kind: str, bound: float, center: float = 0.0) -> tuple[float, float]:
-    """(p of *met*, p of *not met*) of one comparison. ``>``: the claim d > bound (not met: d < bound); ``<`` the
-    other way; ``≈``: the claim |d − center| < bound, by TOST (not met: d shown outside center ± bound, either side,
-    Bonferroni over the two)."""
+    """(p of *met*, p of *not met*): ``>`` the claim d > bound, ``<`` the other way; ``≈`` |d − center| < bound by
+    TOST (not met: d shown outside center ± bound, either side, Bonferroni over the two)."""
     if kind == ">":
         return w.p_above(bound), w.p_below(bound)
     if kind == "<":
@@ -71,13 +65,10 @@ def distance(w: Welch, kind: str, bound: float, center: float = 0.0) -> float:
 
 
 def combine(ps: Sequence[tuple[float, float]], any_: bool = False) -> tuple[float, float]:
-    """A claim of several comparisons. All must hold: met by the largest p (intersection–union), not met when one
-    fails (Holm, whose first step is Bonferroni on the smallest). ``any_``: one must hold, the other way round."""
-    m = len(ps)
-    met, nots = [p for p, _ in ps], [q for _, q in ps]
-    if any_:
-        return min(1.0, m * min(met)), max(nots)
-    return max(met), min(1.0, m * min(nots))
+    """A claim of several comparisons: all must hold (met by the largest p, not met by Bonferroni on the smallest),
+    or with ``any_`` one must (the other way round)."""
+    met, nots, m = [p for p, _ in ps], [q for _, q in ps], len(ps)
+    return (min(1.0, m * min(met)), max(nots)) if any_ else (max(met), min(1.0, m * min(nots)))
 
 
 def decide(p_met: float, p_not: float) -> tuple[float, bool]:
@@ -87,22 +78,20 @@ def decide(p_met: float, p_not: float) -> tuple[float, bool]:
 
 def holm(ps: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (a verdict at α after adjustment holds the family's error at α)."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
     out, running = [1.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
+    for rank, i in enumerate(sorted(range(len(ps)), key=lambda i: ps[i])):
         running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
         out[i] = running
     return out
 
 
 def seeds_needed(w: Welch, margin: float, cap: int = 1000) -> int | None:
-    """Seeds per cell for which a test at α/2 one-sided has 80 % power, were the true distance from the claim's
-    boundary ``margin`` (the observed one) and each cell's spread the observed one; None above ``cap`` or for 0."""
+    """Seeds per cell giving a test at α/2 one-sided 80 % power, were the true distance from the claim's boundary
+    ``margin`` and each cell's spread the observed one; None above ``cap`` or for 0."""
     if margin <= 0 or w.se == 0:
         return None
     n = np.arange(2, cap + 1)
     unit = sum(v * k for v, k in w.parts)   # Σ cᵢ²·sᵢ² : the variance of d with one seed per cell
-    vs = np.array([v * k for v, k in w.parts])
-    df = (n - 1) * unit ** 2 / float((vs ** 2).sum())
+    df = (n - 1) * unit ** 2 / float((np.array([v * k for v, k in w.parts]) ** 2).sum())
     ok = margin * np.sqrt(n / unit) >= stats.t.ppf(1 - ALPHA / 2, df) + stats.t.ppf(POWER, df)
     return int(n[ok][0]) if ok.any() else None

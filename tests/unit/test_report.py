@@ -99,7 +99,7 @@ def test_mlflow_infinity_and_the_series_functions():
 
 
 def test_a_log_y_axis_and_no_band_reaching_zero():
-    from fedrun.reports.figure import Curve, draw
+    from fedrun.reports.common import Curve, draw
 
     line = Curve("x", (1, 2, 3), (1.0, 10.0, 100.0), (0.5, 20.0, 5.0), 3, None, None)
     bare = Curve("x", (1, 2, 3), (1.0, 10.0, 100.0), (math.nan,) * 3, 3, None, None)
