@@ -22,7 +22,7 @@ K, F = kerkouche21, fedsketch
 REPORTS = {
     "kerkouche21_table3": (K.table3, [K.T3]),
     "kerkouche21_model_size": (K.model_size, [K.SIZE, K.T3]),
-    "kerkouche21_server_lr": (K.server_lr, [K.LR]),
+    "kerkouche21_server_lr": (K.server_lr, [K.LR, K.LOCAL]),
     "kerkouche21_stopping": (K.stopping, [K.T3, K.SIZE]),
     "kerkouche21_audit": (K.audit, [K.AUDIT]),
     "fu21_lending_club": (fu21.lending_club, [fu21.LC]),

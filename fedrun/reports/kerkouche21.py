@@ -14,7 +14,8 @@ from fedrun.reports.common import (P, Cell, Claim, Report, column, contrast, dim
                                    near, saving)
 
 OUT = "results/kerkouche21"
-T3, SIZE, LR = (export(OUT, f"kerkouche21-{n}", every=10) for n in ("table3", "model-size", "server-lr"))
+T3, SIZE, LR, LOCAL = (export(OUT, f"kerkouche21-{n}", every=10) for n in ("table3", "model-size", "server-lr",
+                                                                            "local-lr"))
 AUDIT = export(OUT, "kerkouche21-audit")
 SCHEMES = {"fl_std": "FL-STD", "fl_rnd": "FL-RND", "fl_freq": "FL-FREQ", "fl_cs": "FL-CS"}
 OPTS = {"paper": "paper's setup", "off": "server options off", "on": "server options on"}
@@ -143,19 +144,28 @@ def model_size(root: Path) -> dict[Path, bytes]:
 
 
 def server_lr(root: Path) -> dict[Path, bytes]:
+    """The server lr of the server options, per scheme, and the local lr of every scheme (FL-STD without DP), both
+    tuned on seed 100, which no table reports."""
     df = _frame(root, [LR])
     df["server_lr"] = column(df, "params.scheme.server_lr", kind=float)
     df["final"] = df["metrics.test_accuracy"]
+    lrs = (0.03, 0.1, 0.3, 1.0, 3.0)
     rep = Report("kerkouche21_server_lr", root, f"{OUT}/server_lr.md", [LR], df, dims(
         scheme=dict(values=SCHEMES, labels={**SCHEMES, "fl_std": "FL-STD (r = 1)"}),
-        server_lr=dict(values={0.1: "η_g = 0.1", 0.3: "η_g = 0.3", 1.0: "η_g = 1"}, header="server lr"),
-        seed=dict(values=[0])))
+        server_lr=dict(values={v: f"η_g = {v:g}" for v in lrs}, header="server lr"), seed=dict(values=[100])))
+    local = _frame(root, [LOCAL])
+    local["lr"] = column(local, "params.lr", kind=float)
+    lrep = Report("kerkouche21_local_lr", root, f"{OUT}/server_lr.md", [LOCAL], local, dims(
+        scheme=dict(values=SCHEMES, labels={"fl_std": "FL-STD without DP, 40 rounds"}),
+        lr=dict(values={v: f"lr = {v:g}" for v in (0.05, 0.1, 0.2, 0.4, 0.8)}), seed=dict(values=[100])))
     figure = rep.curves("server_lr_accuracy.svg", ["scheme"], ["server_lr"], "Server momentum ρ = 0.9 with DP (ε ≤ 1), "
-                        "r = 0.05: test accuracy per round by server learning rate",
-                        color=("server_lr", {0.1: "tab:blue", 0.3: "tab:green", 1.0: "black"}))
-    return rep.files({"best": rep.table(["scheme"], [Cell(value="acc", how="mean")], ["server_lr"]),
+                        "r = 0.05: test accuracy per round by server learning rate", color=("server_lr", dict(zip(
+                            lrs, ("tab:purple", "tab:blue", "tab:green", "black", "tab:orange")))))
+    return rep.files({"best": rep.table(["scheme"], [Cell(value="acc", how="mean", best="max")], ["server_lr"]),
                       "rounds": rep.table(["scheme"], [Cell("round", "round", "mean", "{:.0f}"),
-                                                       Cell("final", "final", "mean")], ["server_lr"])}, figure)
+                                                       Cell("final", "final", "mean")], ["server_lr"]),
+                      "local_runs": lrep.runs_line(),
+                      "local": lrep.table(["scheme"], [Cell(value="acc", how="mean", best="max")], ["lr"])}, figure)
 
 
 SMALL, LARGE = "fashion_cnn", "fashion_cnn_1m"     # n = 114,314 and 1,023,818
