@@ -251,9 +251,11 @@ class Report:
                      f" the runs' own durations sum to {sum(e - s for s, e in times) / 3.6e6:.2f} h")
         dirty = self.runs.get("tags.git_dirty", pd.Series("", index=self.runs.index)).fillna("").astype(str).str.lower()
         unknown = (~dirty.isin(["true", "false"])).sum()
+        commits = self.runs.get("tags.git_commit", pd.Series(dtype=str)).dropna().astype(str).str[:40].nunique()
         return text + (f". Code: {(dirty == 'true').sum()} of these {len(self.runs)} runs were made from a working "
                        f"tree with uncommitted changes (tag git_dirty; the export does not hold their diff)"
-                       + (f", {unknown} do not record it" if unknown else "") + ".")
+                       + (f", {unknown} do not record it" if unknown else "")
+                       + f"; they come from {commits} commit{'' if commits == 1 else 's'} (tag git_commit).")
 
     def coverage(self, expect: Sequence[Mapping[str, Any]], min_seeds: int = 3) -> str:
         """How many of the expected cells have ≥ min_seeds / fewer / no runs (with the short list)."""
