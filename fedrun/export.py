@@ -334,11 +334,12 @@ def load(prefixes: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------- files → MLflow
-def import_runs(prefix: str | Path, uri: str, experiment: str | None = None) -> list[str]:
+def import_runs(prefix: str | Path, uri: str, experiment: str | None = None, clean_only: bool = False) -> list[str]:
     """Write an export's runs into the MLflow store at ``uri`` (experiment: ``experiment``, else each run's
     own) as new runs with the same params, tags, metrics, status and times; the original run id goes into the
-    tag :data:`SOURCE_TAG`. Runs imported before (same source id in the experiment) are skipped. Returns
-    the new run ids."""
+    tag :data:`SOURCE_TAG`. Runs imported before (same source id in the experiment) are skipped, and with
+    ``clean_only`` the runs made from a working tree with uncommitted changes (tag ``git_dirty``), so that a sweep
+    with ``skip_finished=true`` re-makes just those from a clean checkout. Returns the new run ids."""
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
@@ -352,6 +353,8 @@ def import_runs(prefix: str | Path, uri: str, experiment: str | None = None) -> 
     created = []
     exp_ids: dict[str, str] = {}
     for run in runs:
+        if clean_only and str(run.get("tags.git_dirty", "")).lower() == "true":
+            continue
         name = experiment or run.get("experiment") or "fedrun-import"
         if name not in exp_ids:
             exp_ids[name] = prepare_store(uri, name)
@@ -429,6 +432,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     i.add_argument("--uri", default=None,
                    help="target tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     i.add_argument("--experiment", default=None, help="target experiment (default: each run's own)")
+    i.add_argument("--clean-only", action="store_true",
+                   help="leave out runs made from a working tree with uncommitted changes: a sweep with "
+                        "skip_finished=true in that store then re-makes only those")
     s = sub.add_parser("info", help="what an export holds")
     s.add_argument("export")
     args = ap.parse_args(argv)
@@ -443,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"fedrun export: {n} runs of {', '.join(args.experiment)} ({uri}) → {', '.join(sizes)}")
         elif args.cmd == "import":
             uri = resolve_uri(args.uri)
-            new = import_runs(args.export, uri, args.experiment)
+            new = import_runs(args.export, uri, args.experiment, args.clean_only)
             print(f"fedrun import: {len(new)} new runs in {uri} (runs imported before are skipped); "
                   f"browse: mlflow ui --backend-store-uri {uri}")
         else:

@@ -149,3 +149,20 @@ def test_loading_an_export_and_building_a_report_never_imports_mlflow(tmp_path):
             "assert 'mlflow' not in sys.modules, 'mlflow imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_import_clean_only_leaves_out_the_runs_of_a_dirty_tree(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'a.db'}"
+    _log_runs(uri, "exp")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
+    for r, dirty in zip(runs, ("true", "false", "true")):
+        client.set_tag(r.info.run_id, "git_dirty", dirty)
+    ex.export(uri, ["exp"], tmp_path / "out", allow_dirty=True)
+    uri_b = f"sqlite:///{tmp_path / 'b.db'}"
+    new = ex.import_runs(tmp_path / "out" / "exp", uri_b, clean_only=True)
+    back = MlflowClient(tracking_uri=uri_b)
+    assert [back.get_run(rid).data.tags["git_dirty"] for rid in new] == ["false"]
+    assert len(ex.import_runs(tmp_path / "out" / "exp", uri_b)) == 2  # without it, the dirty ones come too
