@@ -77,8 +77,7 @@ def figures(root: Path) -> dict[Path, bytes]:
     # largest η at which every seed finished (else the largest η run)
     key = ["split", "scheme", "unsketch", "sketch", "tau"]
     done = df.dropna(subset=key + ["lr"]).groupby(key + ["lr"])["status"].agg(lambda x: (x == "FINISHED").all())
-    read = {k[:-1]: k[-1] for ok in (False, True) for k, v in sorted(done.items(), key=lambda kv: kv[0][-1])
-            if v or not ok}
+    read = {k[:-1]: k[-1] for k, _ in sorted(done.items(), key=lambda kv: (kv[1], kv[0][-1]))}  # the last one wins
     cell = lambda **c: {**c, "lr": read.get(tuple(c[k] for k in key))}  # noqa: E731
     fs = lambda split, u, s, tau, scheme="fedsketch": cell(  # noqa: E731
         split=split, scheme=scheme, unsketch=u, sketch=s, tau=tau)
