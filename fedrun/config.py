@@ -398,7 +398,7 @@ def deployment_keys(c: Mapping[str, Any]) -> dict[str, Any]:
     return {k: c[k] for k in ("network", "secagg") if (c.get(k) or {}).get("name", "none") != "none"}
 
 
-SERVER_OPTS = ("paper", "on", "off")
+SERVER_OPTS = ("paper", "on", "momentum", "off")
 
 
 def resolve_server_opts(c: dict[str, Any], scheme_cls: type) -> None:
@@ -406,7 +406,9 @@ def resolve_server_opts(c: dict[str, Any], scheme_cls: type) -> None:
 
     ``paper`` leaves each scheme as its config has it (FL-CS with the paper's momentum ρ and error feedback in
     R^m, the others without). ``on``: FL-CS gets ρ = ``server_momentum`` and error feedback, every other
-    FedAvg-shaped scheme server momentum ρ on its decoded update (FedAvgM); ``off``: none for any scheme. A
+    FedAvg-shaped scheme server momentum ρ on its decoded update (FedAvgM); ``momentum``: the same without FL-CS's
+    error feedback (for FL-RND and FL-FREQ the two are one: their decoders are exact in the compressed domain,
+    C(D(p)) = p, so FL-CS's error term p − C(D(p)) would be zero); ``off``: none for any scheme. A
     scheme that has no such option (its own protocol) is refused for ``on`` in one line. Then the top-level
     ``server_lr`` (:func:`server_lr_for`; null = each scheme's own) sets the scheme's η_g, in every mode.
     Idempotent.
@@ -424,12 +426,12 @@ def resolve_server_opts(c: dict[str, Any], scheme_cls: type) -> None:
     if mode == "paper":
         pass
     elif "error_feedback" in accepts and "momentum" in accepts:  # FL-CS: momentum and error in R^m (Alg. 3)
-        scheme["momentum"] = float(rho) if mode == "on" else 0.0
+        scheme["momentum"] = float(rho) if mode != "off" else 0.0
         scheme["error_feedback"] = mode == "on"
     elif "server_momentum" in accepts:
-        scheme["server_momentum"] = float(rho) if mode == "on" else 0.0
-    elif mode == "on":
-        raise ConfigError(f"server_opts=on is not available with scheme={_scheme_name(c)}: it has no server "
+        scheme["server_momentum"] = float(rho) if mode != "off" else 0.0
+    elif mode != "off":
+        raise ConfigError(f"server_opts={mode} is not available with scheme={_scheme_name(c)}: it has no server "
                           f"momentum option (use server_opts=paper or off)")
     lr = server_lr_for(c.get("server_lr"), mode, _scheme_name(c))
     if lr is not None:

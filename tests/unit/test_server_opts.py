@@ -100,11 +100,43 @@ def test_server_opts_maps_to_server_momentum(cls) -> None:
 
 
 def test_server_opts_maps_fl_cs_to_its_momentum_and_error_feedback() -> None:
-    on, off = _cfg("fl_cs", "on"), _cfg("fl_cs", "off")
-    resolve_server_opts(on, CompressiveSensingScheme)
-    resolve_server_opts(off, CompressiveSensingScheme)
+    on, mom, off = _cfg("fl_cs", "on"), _cfg("fl_cs", "momentum"), _cfg("fl_cs", "off")
+    for c in (on, mom, off):
+        resolve_server_opts(c, CompressiveSensingScheme)
     assert on["scheme"] == {"name": "fl_cs", "momentum": 0.9, "error_feedback": True}
+    assert mom["scheme"] == {"name": "fl_cs", "momentum": 0.9, "error_feedback": False}
     assert off["scheme"] == {"name": "fl_cs", "momentum": 0.0, "error_feedback": False}
+
+
+@pytest.mark.parametrize("cls", [FedAvg, RandomCoordinatesScheme, FreqScheme])
+def test_server_opts_momentum_is_on_for_schemes_without_error_feedback(cls) -> None:
+    on, mom = _cfg("x", "on"), _cfg("x", "momentum")
+    resolve_server_opts(on, cls)
+    resolve_server_opts(mom, cls)
+    assert mom["scheme"] == on["scheme"] == {"name": "x", "server_momentum": 0.9}
+
+
+def test_error_feedback_would_be_zero_for_fl_rnd_and_fl_freq() -> None:
+    """FL-CS's error term e = p − C(D(p)) (Alg. 3, line 12) is what its BPDN decoder D does not deliver. FL-RND's and
+    FL-FREQ's decoders are exact in the compressed domain (C(D(p)) = p), so error feedback there is zero: their
+    server_opts=on and momentum runs are one. Checked within float32 round-off of the orthonormal DCT (‖p‖·ε·log n)."""
+    from fedrun.compress.cs import DCTCompressor
+    from fedrun.compress.masks import RandomCoordinates
+
+    n, g = 5003, torch.Generator().manual_seed(0)
+    for r in (0.05, 0.2):
+        freq = DCTCompressor(n, r, chunks=1, shuffle=False, pad_to_fast_len=False)
+        p = torch.randn(freq.m, generator=g)
+        err = (p - freq.compress(freq.zero_fill(p))).norm()
+        assert err <= p.norm() * torch.finfo(torch.float32).eps * 4 * np.log2(n), (r, float(err))
+        rnd = RandomCoordinates(n, r, seed=3)
+        q = torch.randn(rnd.m, generator=g)
+        assert torch.equal(rnd.compress(rnd.decompress(q, 7), 7), q)
+    # FL-CS's decoder is not exact: the same check on a BPDN reconstruction leaves an error (what e feeds back)
+    cs = DCTCompressor(n, 0.05, chunks=4)
+    p = torch.randn(cs.m, generator=g)
+    s = cs.reconstruct_with_info(p, 0.05, "fista", 20, 1e-4).s
+    assert (p - cs.compress(s)).norm() > 0.1 * p.norm()
 
 
 def test_server_opts_on_is_refused_for_a_scheme_without_the_option() -> None:
