@@ -18,7 +18,8 @@ T3, SIZE, LR, LOCAL = (export(OUT, f"kerkouche21-{n}", every=10) for n in ("tabl
                                                                             "local-lr"))
 AUDIT = export(OUT, "kerkouche21-audit")
 SCHEMES = {"fl_std": "FL-STD", "fl_rnd": "FL-RND", "fl_freq": "FL-FREQ", "fl_cs": "FL-CS"}
-OPTS = {"paper": "paper's setup", "off": "server options off", "on": "server options on"}
+OPTS = {"paper": "paper's setup", "off": "server options off", "on": "server options on",
+        "momentum": "server momentum, no error feedback"}
 L87, L81 = "text on Table III, line 87", "text on Table III, line 81"
 CS_DP = '0.78 vs 0.61, "FL-CS-DP with a compression ratio of 0.05 outperforms FL-STD-DP"', "lines 81, 85, 87"
 
@@ -58,7 +59,7 @@ def table3(root: Path) -> dict[Path, bytes]:
         quantities={"acc": ("best test accuracy", "{:.2f}"), "round": ("round of the best accuracy", "{:g}"),
                     "eps": ("ε at the best round", "{:g}"), "cost_mb": ("Cost r·n·32·Round·C to the best round, MB",
                                                                          "{:g}")})
-    opts = rep.present("server_opts")
+    opts = [o for o in rep.present("server_opts") if o != "momentum"]   # momentum alone: FL-CS only (the EF ablation)
     c = lambda scheme, r, dp, o: dict(scheme=scheme, r=r, dp=dp, server_opts=o)  # noqa: E731
     claims = [Claim(f"FL-CS outperforms FL-RND and FL-FREQ without DP at r = {r:g} [{OPTS[o]}]", "acc",
                     (gt(c("fl_cs", r, "off", o), c("fl_rnd", r, "off", o)),
@@ -101,6 +102,12 @@ def table3(root: Path) -> dict[Path, bytes]:
                                      'ratio of 0.05"'),
                    (0.2, 80, 0.795, '"the bandwidth cost is reduced to 80% ... with a compression ratio of 0.2 for '
                                     'Fashion-MNIST"')) for o in opts]
+    claims += [Claim(f"FL-CS: error feedback helps (server options on, i.e. momentum and error feedback, above momentum "
+                     f"alone) at r = {r:g} {'with' if dp == 'on' else 'without'} DP", "acc",
+                     (gt(c("fl_cs", r, dp, "on"), c("fl_cs", r, dp, "momentum")),), '"Biased estimation of the '
+                     'gradients may prevent model convergence unless the approximation error introduced by lossy '
+                     'compression techniques, such as compressive sensing [...] is accumulated and re-injected"',
+                     "lines 53, 61") for dp in ("off", "on") for r in (0.05, 0.1, 0.2)]
     figure = rep.curves("table3_accuracy.svg", ["dp", "server_opts"], ["scheme", "r"], "Fashion-MNIST, fashion_cnn "
                         "(n = 114,314): test accuracy per round, mean over seeds (band: ± std)",
                         color=("scheme", {"fl_std": "black", "fl_rnd": "tab:blue", "fl_freq": "tab:green",
@@ -118,7 +125,8 @@ def table3(root: Path) -> dict[Path, bytes]:
                       "per_cell": rep.table(["scheme", "r", "server_opts"], per_cell, split="dp", drop_empty=True)},
                      figure, claims, [dict(scheme="fl_std", r=1.0, dp=["off", "on"], server_opts=["off", "on"]),
                                       dict(scheme=["fl_rnd", "fl_freq", "fl_cs"], r=[0.05, 0.1, 0.2], dp=["off", "on"],
-                                           server_opts=["off", "on"])])
+                                           server_opts=["off", "on"]),
+                                      dict(scheme="fl_cs", r=[0.05, 0.1, 0.2], dp=["off", "on"], server_opts="momentum")])
 
 
 def model_size(root: Path) -> dict[Path, bytes]:
@@ -127,20 +135,22 @@ def model_size(root: Path) -> dict[Path, bytes]:
     rep = Report("kerkouche21_model_size", root, f"{OUT}/model_size.md", [SIZE, T3], df, dims(
         scheme=dict(values={"fl_std": "FL-STD-DP", "fl_cs": "FL-CS-DP"}), r=dict(values=[1.0, 0.05, 0.1]),
         model=dict(values={"fashion_cnn": "n = 114,314 (fashion_cnn)",
-                           "fashion_cnn_1m": "n = 1,023,818 (fashion_cnn_1m)"}), seed={}),
-        where={"status": ("FINISHED",), "params.server_opts": ("off",), "tags.dp": ("client",)},
+                           "fashion_cnn_1m": "n = 1,023,818 (fashion_cnn_1m)"}),
+        server_opts=dict(values={o: OPTS[o] for o in ("off", "on")}, header="server options"), seed={}),
+        where={"status": ("FINISHED",), "params.server_opts": ("off", "on"), "tags.dp": ("client",)},
         paper=[P(dict(scheme="fl_std", r=1.0), "acc", 0.61, f"{L87} (at round 25, early stopped)"),
                P(dict(scheme="fl_cs", r=0.05), "acc", 0.78, L81), P(dict(scheme="fl_cs", r=0.1), "acc", 0.73, L81)],
         quantities={"acc": ("best test accuracy over 200 rounds", "{:.2f}")})
-    claims = [Claim(f"with DP, FL-CS at r = 0.05 beats FL-STD-DP [{rep.dims['model'].label(m)}]", "acc",
-                    (gt(dict(scheme="fl_cs", r=0.05, model=m), dict(scheme="fl_std", r=1.0, model=m)),), *CS_DP)
-              for m in ("fashion_cnn", "fashion_cnn_1m")]
-    figure = rep.curves("model_size_accuracy.svg", ["model"], ["scheme", "r"], "Client-level DP (ε ≤ 1), server "
-                        "options off: test accuracy per round by model size", color=("scheme", {
+    claims = [Claim(f"with DP, FL-CS at r = 0.05 beats FL-STD-DP [{rep.dims['model'].label(m)}, {OPTS[o]}]", "acc",
+                    (gt(dict(scheme="fl_cs", r=0.05, model=m, server_opts=o),
+                        dict(scheme="fl_std", r=1.0, model=m, server_opts=o)),), *CS_DP)
+              for o in ("off", "on") for m in ("fashion_cnn", "fashion_cnn_1m")]
+    figure = rep.curves("model_size_accuracy.svg", ["server_opts", "model"], ["scheme", "r"], "Client-level DP "
+                        "(ε ≤ 1): test accuracy per round by model size", color=("scheme", {
                             "fl_std": "black", "fl_cs": "tab:red"}), style=("r", {1.0: "-", 0.05: "-", 0.1: "--"}))
     return rep.files({"main": rep.table(["scheme", "r"], [Cell("paper", paper="acc", spec="{:.2f}", level=0),
                                                           Cell(value="acc"), Cell("round", "round", "mean", "{:.0f}")],
-                                        ["model"])}, figure, claims)
+                                        ["server_opts", "model"])}, figure, claims)
 
 
 def server_lr(root: Path) -> dict[Path, bytes]:
@@ -149,7 +159,7 @@ def server_lr(root: Path) -> dict[Path, bytes]:
     df = _frame(root, [LR])
     df["server_lr"] = column(df, "params.scheme.server_lr", kind=float)
     df["final"] = df["metrics.test_accuracy"]
-    lrs = (0.03, 0.1, 0.3, 1.0, 3.0)
+    lrs = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
     rep = Report("kerkouche21_server_lr", root, f"{OUT}/server_lr.md", [LR], df, dims(
         scheme=dict(values=SCHEMES, labels={**SCHEMES, "fl_std": "FL-STD (r = 1)"}),
         server_lr=dict(values={v: f"η_g = {v:g}" for v in lrs}, header="server lr"), seed=dict(values=[100])))
@@ -160,7 +170,7 @@ def server_lr(root: Path) -> dict[Path, bytes]:
         lr=dict(values={v: f"lr = {v:g}" for v in (0.05, 0.1, 0.2, 0.4, 0.8)}), seed=dict(values=[100])))
     figure = rep.curves("server_lr_accuracy.svg", ["scheme"], ["server_lr"], "Server momentum ρ = 0.9 with DP (ε ≤ 1), "
                         "r = 0.05: test accuracy per round by server learning rate", color=("server_lr", dict(zip(
-                            lrs, ("tab:purple", "tab:blue", "tab:green", "black", "tab:orange")))))
+                            lrs, ("tab:purple", "tab:blue", "tab:green", "black", "tab:orange", "tab:brown")))))
     return rep.files({"best": rep.table(["scheme"], [Cell(value="acc", how="mean", best="max")], ["server_lr"]),
                       "rounds": rep.table(["scheme"], [Cell("round", "round", "mean", "{:.0f}"),
                                                        Cell("final", "final", "mean")], ["server_lr"]),

@@ -115,7 +115,7 @@ def test_a_report_regenerates_from_its_export_alone(tmp_path):
 
     assert "![test accuracy per round](table3_accuracy.svg)" in md and md.rstrip().endswith("hand-written notes.")
     assert "| FL-STD | 1 | 0.91† |" in md and "† inferred, not stated in the paper" in md
-    assert "Cells: 40 expected; 40 with ≥ 3 seeds, 0 with 1–2, 0 without runs." in md
+    assert "Cells: 46 expected; 40 with ≥ 3 seeds, 0 with 1–2, 6 without runs." in md  # no momentum-only runs
     assert ("Runs: 141 in the export `results/kerkouche21/runs/kerkouche21-table3.runs.csv.gz`; 140 in the tables "
             "(left out: 1 not matching status = FINISHED)") in md
     # the claims read each server-options group; with 3 seeds and clear gaps they are decided by the claim test
