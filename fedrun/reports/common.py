@@ -3,8 +3,10 @@ tables, claims, figures, and the report's files (:meth:`Report.files`)."""
 
 from __future__ import annotations
 
+import csv
 import io
 import itertools
+import json
 import math
 import re
 import sys
@@ -163,6 +165,20 @@ P = namedtuple("P", "at quantity number where how spec", defaults=("", None))
 #: a claim of the paper: ``comps`` (:func:`gt`, :func:`near`, …) must all hold (``any``: one); ``fixed``: instead a
 #: verdict stated without a test (``by construction``, ``exploratory``) and why
 Claim = namedtuple("Claim", "text value comps paper where any fixed", defaults=("", "", False, None))
+
+
+def quotes(root: Path, out: str) -> dict[str, tuple[str, str]]:
+    """The paper's words that the claims of ``out``'s reports cite: {key: (quote, where it stands)}, from
+    ``<out>/paper_quotes.csv`` (tests/unit/test_paper_quotes.py finds each quoted passage in the stored paper)."""
+    with open(Path(root) / out / "paper_quotes.csv", newline="", encoding="utf-8") as f:
+        return {r["key"]: (r["quote"], r["where"]) for r in csv.DictReader(f)}
+
+
+def numbers(root: Path, out: str, report: str) -> list[P]:
+    """The paper's numbers that ``report`` shows, from ``<out>/paper_numbers.csv`` (``at``: the cell, in JSON)."""
+    with open(Path(root) / out / "paper_numbers.csv", newline="", encoding="utf-8") as f:
+        return [P(json.loads(r["at"]), r["quantity"], float(r["number"]), r["where"], r["how"], r["spec"] or None)
+                for r in csv.DictReader(f) if r["report"] == report]
 
 
 def contrast(terms: tuple, kind: str = ">", bound: float = 0.0, center: float = 0.0) -> tuple:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import (P, Cell, Claim, Export, Report, at, column, contrast, dims, export, gt, load, near,
-                                   reach, saving, series_value)
+from fedrun.reports.common import (Cell, Claim, Export, Report, at, column, contrast, dims, export, gt, load, near,
+                                   numbers, quotes, reach, saving, series_value)
 
 OUT = "results/fbftl"
 FM, MF, TUNED = (export(OUT, f"fbftl-{n}", every=5) for n in ("femnist-mnist", "mnist-fashion", "tuned"))
@@ -52,83 +52,48 @@ def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100)
         df[f"rounds_{k}_c"] = df[f"rounds_{k}"].fillna(m("rounds_completed")).where(hit)
         df[f"up_{k}_gb"] = pd.Series([at((s or {}).get("uplink_bytes_total", []), r) * 8 / 1e9 for s, r in zip(
             df["series"], df[f"rounds_{k}"])], index=df.index, dtype=float).where(hit)
-    public = "comparison table; notes line 61 [public]: "
-    paper = [P({"scheme": "fl"}, "up_gb", 3216000, "comparison table (lost from the stored text); notes "
-                                                   "../shared/papers/README.md line 60 [public]: 3216 Tb"),
-             P({"scheme": "ftl_full"}, "up_gb", 949000, public + "949 Tb"),
-             P({"scheme": "ftl_c"}, "up_gb", 599000, public + "599 Tb"),
-             P({"scheme": "fbftl"}, "up_gb", 6.6, public + "6.6 Gb", spec="{:g}"),
-             P({"scheme": "fl"}, "acc", 0.891, public + "89.1 %"),
-             P({"scheme": "ftl_full"}, "acc", 0.9168, public + "91.68 %"),
-             P({"scheme": "ftl_c"}, "acc", 0.8559, public + "85.59 %"),
-             P({"scheme": "fbftl"}, "acc", 0.8559, public + "85.59 %"),
-             P({"scheme": "fbftl"}, "batches", 50000, "line 57; notes line 60", "one upload per sample (line 57, "
-               "\"each sample has to be uploaded separately\"), U·K = 6250 clients × 8 samples (notes line 60)"),
-             P({"scheme": "fbftl"}, "per_batch", 4096, "line 57; notes lines 60–61",
-               "6.6 Gb / (50,000 uploads × d = 32 bits) ≈ 4125 parameters per upload: the 4096 features of VGG-16's "
-               "fully connected layer (N⁻ at the cut, line 57) plus the label")]
     rep = Report("fbftl", root, f"{OUT}/table.md", list(exports), df, dims(
         target=dict(values={"mnist": "target MNIST", "fashion_mnist": "target Fashion-MNIST"}),
         source=dict(values={"femnist": "FEMNIST", "mnist": "MNIST"}), scheme=dict(values=SCHEMES),
         rounds=dict(values=[rounds]), seed={}),
         where={"status": ("FINISHED",), "params.scheme.tune_lrs": ("None", ""),   # fbftl_tuned.md's runs search the lr
-               "params.scheme.clients_hold_source": ("False", "")}, paper=paper,
+               "params.scheme.clients_hold_source": ("False", "")}, paper=numbers(root, OUT, "fbftl"),
         quantities={"up_gb": ("total uplink, Gb", "{:,.0f}"), "acc": ("final test accuracy", "{:.4f}"),
                     "batches": ("upload batches", "{:,.0f}"), "per_batch": ("parameters per upload batch", "{:,.0f}")})
     expect = [dict(target="mnist", source="femnist", scheme=list(SCHEMES), rounds=rounds),
               dict(target="fashion_mnist", source="mnist", scheme=list(SCHEMES), rounds=rounds)]
     targets = rep.present("target")
     tl = lambda t: rep.dims["target"].label(t)  # noqa: E731
-    s = lambda scheme, t: dict(scheme=scheme, target=t)  # noqa: E731
+    s, q = (lambda scheme, t: dict(scheme=scheme, target=t)), quotes(root, OUT)
     claims = [saving(f"FbFTL's uplink ≪ FTL-c's (at least 10× less over the 100 rounds) [{tl(t)}]", "up_gb",
-                     s("fbftl", t), s("ftl_c", t), 0.9, '"Therefore, we have P^FbFTL ≪ P^FTL_c" (6.6 Gb vs 599 Tb in '
-                     'its table); "≪" read as at least 10×', "line 63; table in the notes, line 61") for t in targets]
+                     s("fbftl", t), s("ftl_c", t), 0.9, *q["fbftl_ll_ftlc"]) for t in targets]
     claims += [saving(f"FTL-c's uplink < FTL-full's (by at least 1 %) [{tl(t)}]", "up_gb", s("ftl_c", t),
-                      s("ftl_full", t), 0.01, '"obviously Σ_{m=m_c}^M T_m < Σ_{m=1}^M T_m. Therefore," P^FTL_c < '
-                      'P^FTL_f (eq. (5)); 599 Tb vs 949 Tb', "line 43; notes line 61") for t in targets]
+                      s("ftl_full", t), 0.01, *q["ftlc_lt_full"]) for t in targets]
     claims += [saving(f"FTL-full's uplink over the 100 rounds equals FL's [{tl(t)}]", "up_gb", s("ftl_full", t),
-                      s("fl", t), 0.0, '"I^FTL_c UC ≈ I^FTL_f UC < I^FL UC", so P^FTL_f < P^FL through fewer '
-                      'iterations to convergence (949 Tb vs 3216 Tb)', "line 43; notes lines 60–61",
-                      fixed=("by construction", "the same parameters per upload, rounds and sampled clients give the "
+                      s("fl", t), 0.0, *q["full_eq_fl"], fixed=("by construction", "the same parameters per upload, rounds and sampled clients give the "
                              "same bytes: not a finding; the paper's P^FTL_f < P^FL comes from fewer iterations, "
                              "which the target-accuracy claims test")) for t in targets]
     claims += [Claim("FTL-full reaches the target accuracy with less uplink than FL (target MNIST, 0.78)", "up_m_gb",
-                     (gt(s("fl", "mnist"), s("ftl_full", "mnist")),),
-                     '"I^FTL_c UC ≈ I^FTL_f UC < I^FL UC": transfer learning needs fewer iterations to converge, hence '
-                     'P^FTL_f < P^FL (949 Tb vs 3216 Tb in its table); read here as the uplink to a common target '
-                     'accuracy', "line 43; notes lines 60–61"),
+                     (gt(s("fl", "mnist"), s("ftl_full", "mnist")),), *q["full_lt_fl"]),
                Claim("FTL-full reaches the target accuracy with less uplink than FL (target Fashion-MNIST, 0.68)",
-                     "up_f_gb", (gt(s("fl", "fashion_mnist"), s("ftl_full", "fashion_mnist")),),
-                     '"I^FTL_c UC ≈ I^FTL_f UC < I^FL UC" (as above)', "line 43; notes lines 60–61")]
+                     "up_f_gb", (gt(s("fl", "fashion_mnist"), s("ftl_full", "fashion_mnist")),), *q["full_lt_fl_f"])]
     claims += [Claim(f"FTL-c needs about as many rounds as FTL-full to reach the target accuracy (within ±10 rounds, "
                      f"two evaluations; a seed that never reaches it counts as 100, a lower bound) [{tl(t)}]",
-                     f"rounds_{TARGETS[t][0]}_c", (near(s("ftl_c", t), s("ftl_full", t), 10),),
-                     '"I^FTL_c UC ≈ I^FTL_f UC"; the ±10 rounds are this rebuild\'s reading of ≈ (FTL-c trains only '
-                     'f², 100 FedAvg rounds of 5 local steps)', "line 43") for t in targets]
+                     f"rounds_{TARGETS[t][0]}_c", (near(s("ftl_c", t), s("ftl_full", t), 10),), *q["ftlc_iters"])
+               for t in targets]
     claims += [Claim(f"FbFTL has the least downlink broadcast [{tl(t)}]", "down_bcast_mb",
-                     tuple(gt(s(o, t), s("fbftl", t)) for o in ("ftl_c", "ftl_full", "fl")),
-                     '"We also note that FbFTL has the least downlink broadcast payload and the least local '
-                     'computation compared to FL and FTL"', "line 67") for t in targets]
+                     tuple(gt(s(o, t), s("fbftl", t)) for o in ("ftl_c", "ftl_full", "fl")), *q["downlink"])
+               for t in targets]
     claims += [Claim(f"FbFTL's final test accuracy equals FTL-c's (within ±1 point; FTL-c: 100 FedAvg rounds, FbFTL: "
                      f"100 server epochs on all samples, not the same training) [{tl(t)}]", "acc",
-                     (near(s("fbftl", t), s("ftl_c", t), 0.01),),
-                     '"FbFTL and FTL updating task-specific sub-model have the same performance at every iteration '
-                     'because the only difference between the two methods is the communication system structure but '
-                     'not the numerical process to generate the gradient updates"; 85.59 % for both in its table',
-                     "line 63; notes line 61") for t in targets]
-    for a, b, text, quote, where in (
-            ("fl", "fbftl", "FbFTL's final test accuracy is below FL's",
-             "89.1 % (FL) vs 85.59 % (FbFTL) in its table; the text states no accuracy order with FL", "notes line 61"),
-            ("ftl_full", "fbftl", "FbFTL's final test accuracy is below FTL-full's",
-             "91.68 % (FTL-full) vs 85.59 % (FbFTL) in its table", "notes line 61"),
-            ("ftl_full", "fl", "FTL-full's final test accuracy is above FL's", '91.68 % vs 89.1 % in its table; the '
-             'text: "Typically, training from scratch requires more training samples"', "line 43; notes line 61")):
-        claims += [Claim(f"{text} [{tl(t)}]", "acc", (gt(s(a, t), s(b, t)),), quote, where) for t in targets]
+                     (near(s("fbftl", t), s("ftl_c", t), 0.01),), *q["same_perf"]) for t in targets]
+    for a, b, text in (("fl", "fbftl", "FbFTL's final test accuracy is below FL's"),
+                       ("ftl_full", "fbftl", "FbFTL's final test accuracy is below FTL-full's"),
+                       ("ftl_full", "fl", "FTL-full's final test accuracy is above FL's")):
+        claims += [Claim(f"{text} [{tl(t)}]", "acc", (gt(s(a, t), s(b, t)),), *q[f"{a}_above_{b}"]) for t in targets]
     claims += [Claim(f"the shuffled upload's label leakage is negligible with U = 6000 clients: below 10 % of the prior "
                      f"uncertainty (this rebuild's reading of negligible) [{tl(t)}]", "leak_frac",
-                     (contrast(((s("fbftl", t), 1.0),), "<", 0.1),), '"Typically, federated learning has a large number '
-                     'of clients (i.e., U is typically large) while N and K are limited, and the privacy leakage with '
-                     'shuffled output is negligible"', "line 101") for t in targets]
+                     (contrast(((s("fbftl", t), 1.0),), "<", 0.1),), *q["leakage"]) for t in targets]
     rows = ["source", "scheme"]
     figure = rep.curves("table_accuracy.svg", ["target"], ["scheme"], "LeNet-5, 6000 clients: test accuracy per round "
                         "(FbFTL: per server epoch), mean over seeds (band: ± std)", color=("scheme", {
@@ -171,17 +136,12 @@ def tuned(root: Path) -> dict[Path, bytes]:
         rounds=dict(values=[100]), seed={}), where={"status": ("FINISHED",), "params.scheme.clients_hold_source": (
             "False", "")})
     targets = rep.present("target")
-    c = lambda choice, t: dict(scheme="fbftl", lr_choice=choice, target=t)  # noqa: E731
+    c, q = (lambda choice, t: dict(scheme="fbftl", lr_choice=choice, target=t)), quotes(root, OUT)
     claims = [saving(f"{rep.dims['target'].label(t)}: tuning the server lr costs no uplink (tuned = fixed)", "up_mb",
-                     c("tuned", t), c("fixed", t), 0.0, '"one can train the model from scratch for several times to '
-                     'determine the best hyper-parameters without additional communication with the clients"',
-                     "line 51", ("by construction", "the lr search runs on the server, on the uploaded features: the "
+                     c("tuned", t), c("fixed", t), 0.0, *q["tune_free"], ("by construction", "the lr search runs on the server, on the uploaded features: the "
                                                     "same one upload; not a finding")) for t in targets]
     claims += [Claim(f"{rep.dims['target'].label(t)}: the tuned server lr gives a higher final test accuracy than the "
-                     "fixed lr 0.1", "acc", (gt(c("tuned", t), c("fixed", t)),),
-                     '"FbFTL enables iterative fine-tuning of the SGD optimizer hyper-parameters such as the learning '
-                     'rate. To obtain the optimized DNN, one needs to find the optimized hyper-parameters that provide '
-                     'the best convergence performance"', "line 51") for t in targets]
+                     "fixed lr 0.1", "acc", (gt(c("tuned", t), c("fixed", t)),), *q["tune_better"]) for t in targets]
     return rep.files({"table": rep.table(["lr_choice"], [
         Cell("server lr (min)", "lr", "min", "{:g}"), Cell("server lr (max)", "lr", "max", "{:g}"),
         Cell("held-out accuracy", "val", spec="{:.4f}"), Cell("total uplink, Mb", "up_mb", spec="{:.4g}"),

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import (P, Cell, Claim, Report, at, column, contrast, dims, export, gt, load, near, saving,
-                                   series_value)
+from fedrun.reports.common import (Cell, Claim, Report, at, column, contrast, dims, export, gt, load, near, numbers,
+                                   quotes, saving, series_value)
 
 OUT = "results/fedsketch"
 HOM, HET, TUNE, HEAVY = (export(OUT, f"fedsketch-{n}", every=10)
@@ -54,9 +54,7 @@ def figures(root: Path) -> dict[Path, bytes]:
     taus = {t: f"τ = {t}" for t in (1, 2, 5)}
     rep = Report("fedsketch", root, f"{OUT}/figures.md", [HOM, HET], df, dims(split=dict(values=SPLITS), **_dims(
         list(SCHEMES), lr=dict(header="η"), tau=dict(values=taus, header="τ"), seed={})),
-        paper=[P({"sketch": "20"}, "compression", 75, "line 193 (\"these two choices of sketch size correspond to a "
-                                                      "75× and 12× compression ratio\")"),
-               P({"sketch": "50"}, "compression", 12, "line 193")],
+        paper=numbers(root, OUT, "fedsketch"),
         quantities={"compression": ("uplink compression against the float32 update (measured)", "{:g}×")})
     sketches = dict(split="homogeneous", scheme="fedsketch", unsketch=["privix", "heaprix"], sketch=["20", "50"],
                     lr=0.1)
@@ -84,80 +82,47 @@ def figures(root: Path) -> dict[Path, bytes]:
     sgd = lambda split, tau=1: cell(split=split, scheme="fedsgd", unsketch="none", sketch="none", tau=tau)  # noqa: E731
     ssgd = lambda split, s: cell(split=split, scheme="sketchedsgd", unsketch="topm", sketch=s, tau=1)  # noqa: E731
 
-    u_, s_, t_ = DECODERS, SKETCHES, taus
+    u_, s_, t_, q = DECODERS, SKETCHES, taus, quotes(root, OUT)
     claims = [Claim(f"FS-{u_[u]} at (50, 100) within ±2 points of FedSGD at the same τ (homogeneous, {t_[t]})", "acc",
-                    (near(fs("homogeneous", u, "50", t), sgd("homogeneous", t), 0.02),),
-                    '"For τ=1,2,5, we see that a sketch size of (50,100) is sufficient to give similar test accuracy '
-                    'as the Federated SGD (FedSGD) algorithm"', "line 195")
-              for t in (1, 2, 5) for u in ("privix", "heaprix")]
+                    (near(fs("homogeneous", u, "50", t), sgd("homogeneous", t), 0.02),), *q["fs50_fedsgd"]) for t in (1, 2, 5) for u in ("privix", "heaprix")]
     claims += [Claim(f"FS-HEAPRIX at (50, 100) within ±2 points of FedSGD at the same τ (heterogeneous, {t_[t]})",
                      "acc", (near(fs("heterogeneous", "heaprix", "50", t), sgd("heterogeneous", t), 0.02),),
-                     '"when sketch size is large, i.e. (50,100), FS-HEAPRIX can still provide comparable test accuracy '
-                     'as FedSGD with τ=5"; "in any tested case, we can at least achieve 12× compression ratio with '
-                     'very little loss in test accuracy"', "lines 199, 201") for t in (1, 5)]
-    for split, taus, quote, where in (
-            ("homogeneous", (1, 2, 5), '"In both cases, FS-HEAPRIX performs the best" (τ = 1); "FS-HEAPRIX is '
-             'significantly better than FS-PRIVIX, either with small or large sketching matrix" (τ = 2, 5); "FS-HEAPRIX '
-             'performs the best among all the tested compressed optimization algorithms"', "lines 193, 195, 201"),
-            ("heterogeneous", (1, 5), '"FS-HEAPRIX is again better than FS-PRIVIX" (τ = 1); "the advantage of '
-             'FS-HEAPRIX over FS-PRIVIX with multiple local updates" (τ = 2, 5)', "lines 197, 199")):
+                     *q["heaprix50_het"]) for t in (1, 5)]
+    for split, taus in (("homogeneous", (1, 2, 5)), ("heterogeneous", (1, 5))):
         claims += [Claim(f"FS-HEAPRIX above FS-PRIVIX ({split}, {s_[s]}, {t_[t]})", "acc",
-                         (gt(fs(split, "heaprix", s, t), fs(split, "privix", s, t)),), quote, where)
+                         (gt(fs(split, "heaprix", s, t), fs(split, "privix", s, t)),), *q[f"heaprix_privix_{split[:3]}"])
                    for s in ("20", "50") for t in taus]
-    best = ('"FedSketch methods are advantageous over prior SketchedSGD method in both cases. FS-HEAPRIX performs the '
-            'best among all the tested compressed optimization algorithms"')
     claims += [Claim(f"FS-HEAPRIX above SketchedSGD at τ = 1 ({SPLITS[split]}, {s_[s]})", "acc",
-                     (gt(fs(split, "heaprix", s, 1), ssgd(split, s)),), best, "lines 193, 201")
+                     (gt(fs(split, "heaprix", s, 1), ssgd(split, s)),), *q["fs_vs_ssgd"])
                for split in SPLITS for s in ("20", "50")]
-    small = ('"FS-PRIVIX is better when sketch size is large (i.e. when the estimation from sketches are more accurate), '
-             'while SketchSGD performs better with small sketch size"')
     claims += [Claim("SketchedSGD above FS-PRIVIX at the small sketch (20, 40) (homogeneous, τ = 1)", "acc",
-                     (gt(ssgd("homogeneous", "20"), fs("homogeneous", "privix", "20", 1)),), small, "line 193"),
+                     (gt(ssgd("homogeneous", "20"), fs("homogeneous", "privix", "20", 1)),), *q["small_sketch"]),
                Claim("FS-PRIVIX above SketchedSGD at the large sketch (50, 100) (homogeneous, τ = 1)", "acc",
-                     (gt(fs("homogeneous", "privix", "50", 1), ssgd("homogeneous", "50")),), small, "line 193"),
+                     (gt(fs("homogeneous", "privix", "50", 1), ssgd("homogeneous", "50")),), *q["small_sketch"]),
                Claim("FS-PRIVIX diverges at (20, 40) with τ = 5 (homogeneous): its final test accuracy stays near "
                      "chance, below 0.2 (a diverged run is FAILED and left out)", "acc",
-                     (contrast(((fs("homogeneous", "privix", "20", 5), 1.0),), "<", 0.2),),
-                     '"FS-PRIVIX performs poorly with small sketch size (20,40), and even diverges with τ=5"',
-                     "line 195")]
+                     (contrast(((fs("homogeneous", "privix", "20", 5), 1.0),), "<", 0.2),), *q["privix_diverges"])]
     claims += [Claim(f"FS-HEAPRIX improves with more local steps: τ = 5 above τ = 2 above τ = 1 (homogeneous, {s_[s]})",
                      "acc", (gt(fs("homogeneous", "heaprix", s, 5), fs("homogeneous", "heaprix", s, 2)),
                              gt(fs("homogeneous", "heaprix", s, 2), fs("homogeneous", "heaprix", s, 1))),
-                     '"We also observe that the performances of FS-HEAPRIX improve when the number of local updates '
-                     'increases"', "line 195") for s in ("20", "50")]
+                     *q["heaprix_tau"]) for s in ("20", "50")]
     claims += [Claim(f"more local steps hurt under heterogeneity: τ = 1 above τ = 5 (FS-{u_[u]}, {s_[s]})", "acc",
-                     (gt(fs("heterogeneous", u, s, 1), fs("heterogeneous", u, s, 5)),),
-                     '"empirically we see that in the heterogeneous setting, more local updates τ tend to undermine the '
-                     'learning performance, especially with small sketch size"', "line 199")
-               for u in ("privix", "heaprix") for s in ("20", "50")]
+                     (gt(fs("heterogeneous", u, s, 1), fs("heterogeneous", u, s, 5)),), *q["het_tau"]) for u in ("privix", "heaprix") for s in ("20", "50")]
     claims += [Claim(f"SketchedSGD very poor under heterogeneity: more than 10 points below FedSGD at τ = 1 ({s_[s]})",
-                     "acc", (gt(sgd("heterogeneous"), ssgd("heterogeneous", s), 0.10),),
-                     '"we see that SketchSGD performs very poorly in the heterogeneous case" (the 10 points are this '
-                     'rebuild\'s reading of "very poorly")', "line 197") for s in ("20", "50")]
+                     "acc", (gt(sgd("heterogeneous"), ssgd("heterogeneous", s), 0.10),), *q["ssgd_poor"]) for s in ("20", "50")]
     claims += [Claim(f"FSGATE-{u_[u]} at (20, 40) within ±2 points of FedSGD (heterogeneous, τ = 1; 2,000 "
                      "worker-rounds each)", "acc",
                      (near(fs("heterogeneous", u, "20", 1, "fedsketchgate"), sgd("heterogeneous"), 0.02),),
-                     '"both our proposed FedSketchGATE methods ... achieve similar generalization accuracy as the '
-                     'Federated SGD (FedSGD) algorithm, even with fairly small sketch size (i.e. 75× compression '
-                     'ratio)"', "line 197") for u in ("privix", "heaprix")]
-    for s, x, least, quote, where in (
-            ("20", 75, 0.98667, '"these two choices of sketch size correspond to a 75× and 12× compression ratio, '
-             'respectively" (HEAPRIX\'s second exchange of m = 40 exact values is counted)', "line 193"),
-            ("50", 12, 0.91667, '"these two choices of sketch size correspond to a 75× and 12× compression ratio, '
-             'respectively"; "in any tested case, we can at least achieve 12× compression ratio"', "lines 193, 201")):
+                     *q["gate"]) for u in ("privix", "heaprix")]
+    for s, x, least in (("20", 75, 0.98667), ("50", 12, 0.91667)):
         claims += [saving(f"uplink saving of FS-{u_[u]} {s_[s]} over FedSGD ≥ 1 − 1/{x} ({x}×, counted bytes per worker "
                           f"and round, {SPLITS[split]})", "uplink_worker_round", fs(split, u, s, 1), sgd(split), least,
-                          quote, where) for split in SPLITS for u in ("privix", "heaprix")]
+                          *q[f"ratio{x}"]) for split in SPLITS for u in ("privix", "heaprix")]
     claims += [saving(f"the downlink of FS-{u_[u]} {s_[s]} is no larger than FedSGD's (counted bytes per round, "
-                      f"{SPLITS[split]})", "downlink_round", fs(split, u, s, 1), sgd(split), 0.0,
-                      '"Algorithm 5 also improves the communication efficiency from server to devices as well because '
-                      'of using lower dimensional sketching size" (no number; here the averaged sketch goes to all 50 '
-                      'workers, the model to the 25 participants)', "line 155")
+                      f"{SPLITS[split]})", "downlink_round", fs(split, u, s, 1), sgd(split), 0.0, *q["downlink"])
                for split in SPLITS for u in ("privix", "heaprix") for s in ("20", "50")]
     claims.append(Claim("the count sketch of an update is ε-differentially private (Theorem 1) at (20, 40) and (50, 100)",
-                        "acc", (), '"O achieves t·ln(1 + αC²m(m−1)/(σ²(l−2))·(1 + ln(l−m)))-differential privacy with '
-                        'high probability"; "all of our sketching algorithms ... are privacy preserving"',
-                        "lines 81, 17", fixed=("not attempted", "the theorem's side condition fails at both sizes for "
+                        "acc", (), *q["theorem1"], fixed=("not attempted", "the theorem's side condition fails at both sizes for "
                                                "LeNet-5's l = 61,706 (tag sketch_epsilon_status of every run; README.md "
                                                "here, reduction 11), so no ε is computed, and its Assumption 1 (i.i.d. "
                                                "Gaussian coordinates) is not checked on real updates")))

@@ -7,17 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedrun.reports.common import Cell, Claim, Report, column, dims, export, gt, load
+from fedrun.reports.common import Cell, Claim, Report, column, dims, export, gt, load, quotes
 
 OUT = "results/fu21"
 LC, FEMNIST = export(OUT, "fu21-lending-club", every=10), export(OUT, "fu21-femnist")
-TUNE = ('the point of tuning E (title, line 1): "how to set up the number of LIs and how it affects the final model '
-        'accuracy have not been explored yet" (line 17), "how to set E and T_g will affect the variance of the noise '
-        'item, and hence it will affect the convergence" (line 67); that the best E exceeds 1 is this rebuild\'s '
-        'reading, the stored text has no results')
-NOISE = '"how to set E and T_g will affect the variance of the noise item, and hence it will affect the convergence"'
-LAW = ("accuracy improves, then degrades with E at a fixed budget (the noise variance grows with η²E²T_l^z, line 63, "
-       "while fewer global iterations converge less); ")
 INF = float("inf")
 #: the cells the sweeps fill (Lending Club: experiment=fu21_lending_club[_tg10], 5 seeds; FEMNIST: fu21_femnist,
 #: fu21_femnist_tg6, fu21_femnist_proven, 3 seeds)
@@ -62,21 +55,18 @@ def lending_club(root: Path, sensitivity: str = "proven") -> dict[Path, bytes]:
     rep = Report(f"fu21_{stem}", root, f"{OUT}/{stem}.md", [LC], df, d,
                  where={"status": ("FINISHED",), "params.local_dp_sensitivity": (sensitivity,)})
     t100, tg10 = (lambda e, k: dict(sweep="T100", eps=e, E=k)), (lambda e, k: dict(sweep="Tg10", eps=e, E=k))
+    q = quotes(root, OUT)
     claims = [Claim(f"fixed T = 100, ε = {e:g}: some interior E (2 … 50) beats E = 1 (a lower final test MSE)", "mse",
-                    tuple(gt(t100(e, 1), t100(e, k)) for k in (2, 5, 10, 20, 50)), TUNE, "lines 1, 17, 67", any=True)
+                    tuple(gt(t100(e, 1), t100(e, k)) for k in (2, 5, 10, 20, 50)), *q["tune"], any=True)
               for e in (10.0, 5.0, 3.0)]
-    why = ("E = 10 is where the paper's unchecked sensitivity put the optimum on this data (other runs: "
-           "lending_club_paper_unchecked.md), not a number of the paper" if proven else
-           "E = 10 is where the first 5-seed sweep with this sensitivity put the optimum (git show "
-           "076d80b:results/fu21/lending_club_paper_unchecked.md), not a number of the paper")
     exploratory = None if proven else ("exploratory", "E = 10 was read from these runs (the first sweep's seeds are "
                                                       "among them), so they cannot test it: not counted; new seeds "
                                                       "would")
     claims += [Claim(f"fixed T = 100, ε = {e:g}: an interior optimum, E = 10 beats both E = 1 and E = 100", "mse",
-                     (gt(t100(e, 1), t100(e, 10)), gt(t100(e, 100), t100(e, 10))), LAW + why, "lines 63, 67",
+                     (gt(t100(e, 1), t100(e, 10)), gt(t100(e, 100), t100(e, 10))), *q["law_e10" + ("" if proven else "_unchecked")],
                      fixed=exploratory) for e in (10.0, 5.0, 3.0)]
     claims += [Claim(f"fixed T_g = 10, ε = {e:g}: some E (2 … 50) beats E = 1 (a lower final test MSE)", "mse",
-                     tuple(gt(tg10(e, 1), tg10(e, k)) for k in (2, 5, 10, 20, 50)), NOISE, "line 67", any=True)
+                     tuple(gt(tg10(e, 1), tg10(e, k)) for k in (2, 5, 10, 20, 50)), *q["noise"], any=True)
                for e in (10.0, 3.0)]
     figures, colors = {}, ("E", {1: "black", 2: "tab:blue", 5: "tab:green", 10: "tab:red", 20: "tab:purple",
                                  50: "tab:orange", 100: "tab:brown"})
@@ -99,25 +89,19 @@ def femnist(root: Path) -> dict[Path, bytes]:
                    eps_rdp=df["metrics.ldp_epsilon_rdp_max"])
     rep = Report("fu21_femnist", root, f"{OUT}/femnist.md", [FEMNIST], df, d)
     c = lambda e, k, sweep="T24", sens="paper_unchecked": dict(sens=sens, sweep=sweep, eps=e, E=k)  # noqa: E731
-    some = "some E > 1 (2, 4, 8) beats E = 1"
+    some, q = "some E > 1 (2, 4, 8) beats E = 1", quotes(root, OUT)
     claims = [Claim(f"fixed T = 24, ε = {e:g}: {some} (a higher final test accuracy)", "acc",
-                    tuple(gt(c(e, k), c(e, 1)) for k in (2, 4, 8)), TUNE, "lines 1, 17, 67", any=True)
+                    tuple(gt(c(e, k), c(e, 1)) for k in (2, 4, 8)), *q["tune"], any=True)
               for e in (30.0, 10.0, 3.0)]
     claims += [Claim(f"fixed T = 24, ε = {e:g}: an interior optimum, E = 2 beats both E = 1 and E = 8", "acc",
-                     (gt(c(e, 2), c(e, 1)), gt(c(e, 2), c(e, 8))),
-                     LAW + "E = 2 is the smallest interior E of this grid, not a number of the paper", "lines 63, 67")
-               for e in (30.0, 10.0, 3.0)]
+                     (gt(c(e, 2), c(e, 1)), gt(c(e, 2), c(e, 8))), *q["law_e2"]) for e in (30.0, 10.0, 3.0)]
     claims += [Claim(f"fixed T_g = 6, ε = 3: {some} (a higher final test accuracy)", "acc",
-                     tuple(gt(c(3.0, k, "Tg6"), c(3.0, 1, "Tg6")) for k in (2, 4, 8)), NOISE, "line 67", any=True),
+                     tuple(gt(c(3.0, k, "Tg6"), c(3.0, 1, "Tg6")) for k in (2, 4, 8)), *q["noise"], any=True),
                Claim(f"the proven sensitivity, fixed T = 24, ε = 10: {some}", "acc",
                      tuple(gt(c(10.0, k, sens="proven"), c(10.0, 1, sens="proven")) for k in (2, 4, 8)),
-                     "the paper's question with a proven ε: \"how to set E and T_g will affect the variance of the "
-                     "noise item\" (line 67); its Δ = 2ζηE/n_l assumes non-expansive steps, which the CNN does not "
-                     "give", "line 67", any=True),
+                     *q["proven"], any=True),
                Claim("fixed T_g = 6, ε = ∞ (no noise): E = 8 beats E = 1 (more local computation helps)", "acc",
-                     (gt(c(INF, 8, "Tg6"), c(INF, 1, "Tg6")),),
-                     "the benefit side of the trade-off: without noise, more local iterations per global iteration "
-                     "should converge further (the noise-free benchmark, line 89)", "line 89")]
+                     (gt(c(INF, 8, "Tg6"), c(INF, 1, "Tg6")),), *q["no_noise"])]
     unchecked = {"sens": "paper_unchecked"}
     eps = [Cell("ε composed (PLD)", "eps_pld", "max", "{:.3g}"), Cell("ε composed (RDP)", "eps_rdp", "max", "{:.3g}")]
     return rep.files({"acc": rep.table(["eps"], [Cell(value="acc", best="max")], ["E"], "sweep", unchecked),

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import (P, Cell, Claim, Report, column, contrast, dims, export, fill, fmt, gt, load, md,
-                                   near, saving)
+from fedrun.reports.common import (Cell, Claim, Report, column, contrast, dims, export, fill, fmt, gt, load, md, near,
+                                   numbers, quotes, saving)
 
 OUT = "results/kerkouche21"
 T3, SIZE, LR, LOCAL = (export(OUT, f"kerkouche21-{n}", every=10) for n in ("table3", "model-size", "server-lr",
@@ -20,8 +20,6 @@ AUDIT = export(OUT, "kerkouche21-audit")
 SCHEMES = {"fl_std": "FL-STD", "fl_rnd": "FL-RND", "fl_freq": "FL-FREQ", "fl_cs": "FL-CS"}
 OPTS = {"paper": "paper's setup", "off": "server options off", "on": "server options on",
         "momentum": "server momentum, no error feedback"}
-L87, L81 = "text on Table III, line 87", "text on Table III, line 81"
-CS_DP = '0.78 vs 0.61, "FL-CS-DP with a compression ratio of 0.05 outperforms FL-STD-DP"', "lines 81, 85, 87"
 
 
 def _frame(root: Path, exports: list) -> pd.DataFrame:
@@ -42,72 +40,49 @@ def table3(root: Path) -> dict[Path, bytes]:
                    uplink_round_mb=m("uplink_bytes_final") / m("rounds_completed") / 1e6,
                    eps=m("epsilon_at_best").where(dp), eps_final=m("epsilon_final").where(dp),
                    sigma=m("dp_noise_multiplier").where(dp), clip=m("dp_clipping_norm").where(dp))
-    std_dp = dict(scheme="fl_std", r=1.0, dp="on")
-    paper = [P(dict(scheme="fl_std", r=1.0, dp="off"), "acc", 0.91, L87, "FL-STD-DP's 0.61 plus the \"about 30 %\" by "
-               "which DP degrades FL-STD (line 87), read as 30 points; read as a relative drop it would be 0.61 / 0.7 "
-               "≈ 0.87. Table III's own value is not in the stored text"),
-             P(std_dp, "acc", 0.61, f"{L87} (\"best accuracy (61%) after only 25 rounds with early stopping\")"),
-             P(std_dp, "round", 25, L87), P(std_dp, "eps", 0.69, L87),
-             P(std_dp, "cost_mb", 22.18, f"{L87} (\"only 22.18 Megabyte\")"),
-             P(dict(scheme="fl_cs", r=0.05, dp="on"), "acc", 0.78, f"{L81} (twice)")] + [
-             P(dict(scheme=s, r=r, dp="on"), "acc", a, L81)
-             for s, r, a in (("fl_cs", 0.1, 0.73), ("fl_cs", 0.2, 0.66), ("fl_rnd", 0.1, 0.77), ("fl_rnd", 0.2, 0.80))]
     rep = Report("kerkouche21_table3", root, f"{OUT}/table3.md", [T3], df, dims(
         scheme=dict(values=SCHEMES), r=dict(values=[1.0, 0.05, 0.1, 0.2]),
         dp=dict(values=["off", "on"], labels={"off": "without DP", "on": "with client-level DP"}, header="DP"),
-        server_opts=dict(values=OPTS, header="server options"), seed={}), paper=paper,
+        server_opts=dict(values=OPTS, header="server options"), seed={}),
+        paper=numbers(root, OUT, "kerkouche21_table3"),
         quantities={"acc": ("best test accuracy", "{:.2f}"), "round": ("round of the best accuracy", "{:g}"),
                     "eps": ("ε at the best round", "{:g}"), "cost_mb": ("Cost r·n·32·Round·C to the best round, MB",
                                                                          "{:g}")})
+    q = quotes(root, OUT)
     opts = [o for o in rep.present("server_opts") if o != "momentum"]   # momentum alone: FL-CS only (the EF ablation)
     c = lambda scheme, r, dp, o: dict(scheme=scheme, r=r, dp=dp, server_opts=o)  # noqa: E731
     claims = [Claim(f"FL-CS outperforms FL-RND and FL-FREQ without DP at r = {r:g} [{OPTS[o]}]", "acc",
                     (gt(c("fl_cs", r, "off", o), c("fl_rnd", r, "off", o)),
                      gt(c("fl_cs", r, "off", o), c("fl_freq", r, "off", o))),
-                    '"our FL-CS scheme outperforms FL-RND and FL-FREQ whatever the considered compression ratio"',
-                    "line 79") for r in (0.05, 0.1, 0.2) for o in opts]
+                    *q["outperforms"]) for r in (0.05, 0.1, 0.2) for o in opts]
     claims += [Claim(f"FL-CS reaches FL-STD's accuracy without DP at r = {r:g} (within ±3 points) [{OPTS[o]}]", "acc",
-                     (near(c("fl_cs", r, "off", o), c("fl_std", 1.0, "off", o), 0.03),), '"our scheme started to reach '
-                     'the same accuracy from a compression ratio r being equal or greater than 0.1"', "line 79")
+                     (near(c("fl_cs", r, "off", o), c("fl_std", 1.0, "off", o), 0.03),), *q["reach_std"])
                for r in (0.1, 0.2) for o in opts]
     claims += [Claim(f"without DP at r = 0.05, FL-CS is about 6 points below FL-STD (6 ± 3) [{OPTS[o]}]", "acc",
                      (near(c("fl_std", 1.0, "off", o), c("fl_cs", 0.05, "off", o), 0.03, 0.06),),
-                     '"the differences between FL-CS and FL-STD for a compression ratio of 0.05 are only of 6%"',
-                     "line 79") for o in opts]
+                     *q["six_points"]) for o in opts]
     claims += [Claim(f"DP costs FL-STD about 30 points of accuracy (without − with DP: 30 ± 10 points) [{OPTS[o]}]",
                      "acc", (near(c("fl_std", 1.0, "off", o), c("fl_std", 1.0, "on", o), 0.10, 0.30),),
-                     '"the accuracy degradation is more important (about 30% which is the worst accuracy degradation '
-                     'indicated in Table III)" (FL-STD-DP 0.61 at round 25 with early stopping)', "line 87")
-               for o in opts]
+                     *q["dp_30"]) for o in opts]
     gap = lambda s, r, o, k: ((c(s, r, "off", o), k), (c(s, r, "on", o), -k))  # noqa: E731 - accuracy lost to DP
     claims += [Claim(f"{SCHEMES[s]}: the DP gap grows with r (0.05 < 0.1 < 0.2) [{OPTS[o]}]", "acc",
                      tuple(contrast(gap(s, hi, o, 1.0) + gap(s, lo, o, -1.0)) for lo, hi in ((0.05, 0.1), (0.1, 0.2))),
-                     '"Even for FL-RND and FL-FREQ, the gap between the non-private and the private version is larger '
-                     'when the compression ratio increases"', "line 83") for s in ("fl_rnd", "fl_freq") for o in opts]
+                     *q["gap_grows"]) for s in ("fl_rnd", "fl_freq") for o in opts]
     claims += [Claim(f"with DP, FL-CS at r = 0.05 beats FL-STD-DP [{OPTS[o]}]", "acc",
-                     (gt(c("fl_cs", 0.05, "on", o), c("fl_std", 1.0, "on", o)),), *CS_DP) for o in opts]
+                     (gt(c("fl_cs", 0.05, "on", o), c("fl_std", 1.0, "on", o)),), *q["cs_dp"]) for o in opts]
     claims += [Claim(f"FL-CS-DP is best at the smallest r (r = 0.05 above 0.1 above 0.2) [{OPTS[o]}]", "acc",
                      (gt(c("fl_cs", 0.05, "on", o), c("fl_cs", 0.1, "on", o)),
                       gt(c("fl_cs", 0.1, "on", o), c("fl_cs", 0.2, "on", o))),
-                     '"FL-CS-DP performs better for a small compression ratio. Indeed, FL-CS-DP reaches 0.78, 0.73 and '
-                     '0.66 for 5%, 10% and 20%"', "line 81") for o in opts]
+                     *q["smallest_r"]) for o in opts]
     claims += [Claim(f"FL-CS-DP at r = 0.05 does as well as FL-RND-DP at r = 0.1 (within ±1 point) [{OPTS[o]}]", "acc",
                      (near(c("fl_cs", 0.05, "on", o), c("fl_rnd", 0.1, "on", o), 0.01),),
-                     '"FL-CS-DP with a compression ratio of 5% reached 0.78 ... FL-RND needs a compression ratio of 10% '
-                     'to reach a similar result (0.77)"', "line 81") for o in opts]
+                     *q["cs_vs_rnd"]) for o in opts]
     claims += [saving(f"bandwidth saving of FL-CS over FL-STD ~{pct} % at r = {r:g} (uplink per round) [{OPTS[o]}]",
-                      "uplink_round_mb", c("fl_cs", r, "off", o), c("fl_std", 1.0, "off", o), least, quote, "line 79")
-               for r, pct, least, quote in (
-                   (0.05, 95, 0.945, '"FL-CS reduces the bandwidth cost by 95% compared to FL-STD with a compression '
-                                     'ratio of 0.05"'),
-                   (0.2, 80, 0.795, '"the bandwidth cost is reduced to 80% ... with a compression ratio of 0.2 for '
-                                    'Fashion-MNIST"')) for o in opts]
+                      "uplink_round_mb", c("fl_cs", r, "off", o), c("fl_std", 1.0, "off", o), least, *q[f"bw{pct}"])
+               for r, pct, least in ((0.05, 95, 0.945), (0.2, 80, 0.795)) for o in opts]
     claims += [Claim(f"FL-CS: error feedback helps (server options on, i.e. momentum and error feedback, above momentum "
                      f"alone) at r = {r:g} {'with' if dp == 'on' else 'without'} DP", "acc",
-                     (gt(c("fl_cs", r, dp, "on"), c("fl_cs", r, dp, "momentum")),), '"Biased estimation of the '
-                     'gradients may prevent model convergence unless the approximation error introduced by lossy '
-                     'compression techniques, such as compressive sensing [...] is accumulated and re-injected"',
-                     "lines 53, 61") for dp in ("off", "on") for r in (0.05, 0.1, 0.2)]
+                     (gt(c("fl_cs", r, dp, "on"), c("fl_cs", r, dp, "momentum")),), *q["error_feedback"]) for dp in ("off", "on") for r in (0.05, 0.1, 0.2)]
     figure = rep.curves("table3_accuracy.svg", ["dp", "server_opts"], ["scheme", "r"], "Fashion-MNIST, fashion_cnn "
                         "(n = 114,314): test accuracy per round, mean over seeds (band: ± std)",
                         color=("scheme", {"fl_std": "black", "fl_rnd": "tab:blue", "fl_freq": "tab:green",
@@ -138,12 +113,11 @@ def model_size(root: Path) -> dict[Path, bytes]:
                            "fashion_cnn_1m": "n = 1,023,818 (fashion_cnn_1m)"}),
         server_opts=dict(values={o: OPTS[o] for o in ("off", "on")}, header="server options"), seed={}),
         where={"status": ("FINISHED",), "params.server_opts": ("off", "on"), "tags.dp": ("client",)},
-        paper=[P(dict(scheme="fl_std", r=1.0), "acc", 0.61, f"{L87} (at round 25, early stopped)"),
-               P(dict(scheme="fl_cs", r=0.05), "acc", 0.78, L81), P(dict(scheme="fl_cs", r=0.1), "acc", 0.73, L81)],
+        paper=numbers(root, OUT, "kerkouche21_model_size"),
         quantities={"acc": ("best test accuracy over 200 rounds", "{:.2f}")})
     claims = [Claim(f"with DP, FL-CS at r = 0.05 beats FL-STD-DP [{rep.dims['model'].label(m)}, {OPTS[o]}]", "acc",
                     (gt(dict(scheme="fl_cs", r=0.05, model=m, server_opts=o),
-                        dict(scheme="fl_std", r=1.0, model=m, server_opts=o)),), *CS_DP)
+                        dict(scheme="fl_std", r=1.0, model=m, server_opts=o)),), *quotes(root, OUT)["cs_dp"])
               for o in ("off", "on") for m in ("fashion_cnn", "fashion_cnn_1m")]
     figure = rep.curves("model_size_accuracy.svg", ["server_opts", "model"], ["scheme", "r"], "Client-level DP "
                         "(ε ≤ 1): test accuracy per round by model size", color=("scheme", {
@@ -202,18 +176,16 @@ def stopping(root: Path, df: pd.DataFrame | None = None) -> dict[Path, bytes]:
                                                    fmt(r["best30"]), f"{r['best']:.3f} ({r['round']:.0f})"]
                                                   for r in runs.to_dict("records")))
     small, large = {"model": SMALL}, {"model": LARGE}
-    paper = f"FL-STD-DP \"converges to the best accuracy (61%) after only {PAPER_ROUND} rounds with early stopping\""
-    noise = "\"the norm of the added noise increases with the model size n"
+    q = quotes(root, OUT)
     claims = [Claim(f"early stopping: near the paper's round {PAPER_ROUND}, fedrun's FL-STD-DP is where the paper's is "
                     f"(best up to round 30 within {PAPER_ACCURACY} ± 0.03)", "best30",
-                    (contrast(((small, 1.0),), "≈", 0.03, PAPER_ACCURACY),), paper, "line 87"),
+                    (contrast(((small, 1.0),), "≈", 0.03, PAPER_ACCURACY),), *q["early_stop"]),
               Claim("early stopping: fedrun's FL-STD-DP goes on learning after round 30 (best over 200 rounds minus "
-                    "best up to round 30 above 0, per run)", "gain", (contrast(((small, 1.0),)),), paper, "line 87"),
+                    "best up to round 30 above 0, per run)", "gain", (contrast(((small, 1.0),)),), *q["early_stop"]),
               Claim("model size: the n ≈ 10⁶ model's best over 200 rounds falls to the paper's 0.61 (± 0.03)", "best",
-                    (contrast(((large, 1.0),), "≈", 0.03, PAPER_ACCURACY),), noise + ". This has negative impact on "
-                    "model convergence for a large n\"", "line 83"),
+                    (contrast(((large, 1.0),), "≈", 0.03, PAPER_ACCURACY),), *q["noise_n_converge"]),
               Claim("model size: the n ≈ 10⁶ model's best over 200 rounds stays with the small model's (within ±3 "
-                    "points)", "best", (near(large, small, 0.03),), noise + "\"", "line 83")]
+                    "points)", "best", (near(large, small, 0.03),), *q["noise_n"])]
     return rep.files({"per_run": table, "means": rep.table(["model"], [
         Cell("best up to round 30", "best30"), Cell("best over 200 rounds", "best")])}, claims=claims, readme=False)
 

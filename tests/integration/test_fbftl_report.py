@@ -118,7 +118,8 @@ def _root(tmp_path: Path) -> Path:
     report's claims block."""
     root = tmp_path / "repo"
     (root / "results" / "fbftl").mkdir(parents=True)
-    shutil.copy(REPO / "results" / "fbftl" / "table.template.md", root / "results" / "fbftl")
+    for f in ("table.template.md", "paper_quotes.csv", "paper_numbers.csv"):   # the report's text, the paper's words and numbers
+        shutil.copy(REPO / "results" / "fbftl" / f, root / "results" / "fbftl")
     start, end = markers("fbftl")
     (root / "README.md").write_text(f"# A README\n\n- **003 (FbFTL)**: text.\n{start}\n{end}\n\nThe end.\n")
     _synthetic_exports(root)

@@ -145,7 +145,8 @@ def _root(tmp_path: Path, splits=("homogeneous", "heterogeneous")) -> Path:
     exports."""
     root = tmp_path / "repo"
     (root / "results" / "fedsketch").mkdir(parents=True)
-    shutil.copy(REPO / "results" / "fedsketch" / "figures.template.md", root / "results" / "fedsketch")
+    for f in ("figures.template.md", "paper_quotes.csv", "paper_numbers.csv"):   # the report's text, the paper's words and numbers
+        shutil.copy(REPO / "results" / "fedsketch" / f, root / "results" / "fedsketch")
     start, end = markers("fedsketch")
     (root / "README.md").write_text(f"# README\n\n- **002 (FedSKETCH)**: text.\n\n{start}\n{end}\n\nThe end.\n")
     runs, points = _synthetic_runs(random.Random(0))

@@ -95,11 +95,13 @@ def _synthetic_table3(prefix: Path, seeds=(0, 1, 2), rounds: int = 30) -> None:
 
 def _root_with_table3(tmp_path: Path) -> Path:
     """A repository-like folder: a synthetic Table III export at its place, the report's text (its template, ending
-    in hand-written notes) and a README with the block."""
+    in hand-written notes), the paper's words and numbers and a README with the block."""
     root = tmp_path / "repo"
     _synthetic_table3(root / "results" / "kerkouche21" / "runs" / "kerkouche21-table3")
     text = (REPO / "results" / "kerkouche21" / "table3.template.md").read_text()
     (root / "results" / "kerkouche21" / "table3.template.md").write_text(text + "\n## Notes\n\nhand-written notes.\n")
+    for f in ("paper_quotes.csv", "paper_numbers.csv"):   # the paper's words and numbers
+        shutil.copy(REPO / "results" / "kerkouche21" / f, root / "results" / "kerkouche21")
     start, end = markers("kerkouche21_table3")
     (root / "README.md").write_text(f"# A README\n\nWhat held:\n\n{start}\nold verdicts\n{end}\n\nThe end.\n")
     return root
