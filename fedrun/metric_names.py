@@ -1,7 +1,7 @@
 """Metric names in MLflow: the key metrics keep fedrun's names, every other metric goes into a group.
 
 MLflow's run page groups a run's charts by the part of a metric's name before "/"; the key metrics (no "/") are
-its "Model metrics" group. The summary dict, metrics.csv and :func:`fedrun.report.mlflow_records` keep fedrun's
+its "Model metrics" group. The summary dict, metrics.csv and :func:`fedrun.export.mlflow_records` keep fedrun's
 own names (:func:`internal_name` maps an MLflow name back).
 """
 

@@ -2,8 +2,7 @@
 
 import sys
 
-from fedrun.export import mlflow_records  # noqa: F401 - its former place here; the MLflow reader is fedrun.export's
-from fedrun.reports import default_root, main, refresh_exports, report_files, save  # noqa: F401
+from fedrun.reports import main, report_files  # noqa: F401
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -70,7 +70,8 @@ def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100)
     claims += [saving(f"FTL-c's uplink < FTL-full's (by at least 1 %) [{tl(t)}]", "up_gb", s("ftl_c", t),
                       s("ftl_full", t), 0.01, *q["ftlc_lt_full"]) for t in targets]
     claims += [saving(f"FTL-full's uplink over the 100 rounds equals FL's [{tl(t)}]", "up_gb", s("ftl_full", t),
-                      s("fl", t), 0.0, *q["full_eq_fl"], fixed=("by construction", "the same parameters per upload, rounds and sampled clients give the "
+                      s("fl", t), 0.0, *q["full_eq_fl"],
+                      fixed=("by construction", "the same parameters per upload, rounds and sampled clients give the "
                              "same bytes: not a finding; the paper's P^FTL_f < P^FL comes from fewer iterations, "
                              "which the target-accuracy claims test")) for t in targets]
     claims += [Claim("FTL-full reaches the target accuracy with less uplink than FL (target MNIST, 0.78)", "up_m_gb",
@@ -138,7 +139,8 @@ def tuned(root: Path) -> dict[Path, bytes]:
     targets = rep.present("target")
     c, q = (lambda choice, t: dict(scheme="fbftl", lr_choice=choice, target=t)), quotes(root, OUT)
     claims = [saving(f"{rep.dims['target'].label(t)}: tuning the server lr costs no uplink (tuned = fixed)", "up_mb",
-                     c("tuned", t), c("fixed", t), 0.0, *q["tune_free"], ("by construction", "the lr search runs on the server, on the uploaded features: the "
+                     c("tuned", t), c("fixed", t), 0.0, *q["tune_free"],
+                     ("by construction", "the lr search runs on the server, on the uploaded features: the "
                                                     "same one upload; not a finding")) for t in targets]
     claims += [Claim(f"{rep.dims['target'].label(t)}: the tuned server lr gives a higher final test accuracy than the "
                      "fixed lr 0.1", "acc", (gt(c("tuned", t), c("fixed", t)),), *q["tune_better"]) for t in targets]

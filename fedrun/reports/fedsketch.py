@@ -84,13 +84,15 @@ def figures(root: Path) -> dict[Path, bytes]:
 
     u_, s_, t_, q = DECODERS, SKETCHES, taus, quotes(root, OUT)
     claims = [Claim(f"FS-{u_[u]} at (50, 100) within ±2 points of FedSGD at the same τ (homogeneous, {t_[t]})", "acc",
-                    (near(fs("homogeneous", u, "50", t), sgd("homogeneous", t), 0.02),), *q["fs50_fedsgd"]) for t in (1, 2, 5) for u in ("privix", "heaprix")]
+                    (near(fs("homogeneous", u, "50", t), sgd("homogeneous", t), 0.02),), *q["fs50_fedsgd"])
+              for t in (1, 2, 5) for u in ("privix", "heaprix")]
     claims += [Claim(f"FS-HEAPRIX at (50, 100) within ±2 points of FedSGD at the same τ (heterogeneous, {t_[t]})",
                      "acc", (near(fs("heterogeneous", "heaprix", "50", t), sgd("heterogeneous", t), 0.02),),
                      *q["heaprix50_het"]) for t in (1, 5)]
     for split, taus in (("homogeneous", (1, 2, 5)), ("heterogeneous", (1, 5))):
         claims += [Claim(f"FS-HEAPRIX above FS-PRIVIX ({split}, {s_[s]}, {t_[t]})", "acc",
-                         (gt(fs(split, "heaprix", s, t), fs(split, "privix", s, t)),), *q[f"heaprix_privix_{split[:3]}"])
+                         (gt(fs(split, "heaprix", s, t), fs(split, "privix", s, t)),),
+                         *q[f"heaprix_privix_{split[:3]}"])
                    for s in ("20", "50") for t in taus]
     claims += [Claim(f"FS-HEAPRIX above SketchedSGD at τ = 1 ({SPLITS[split]}, {s_[s]})", "acc",
                      (gt(fs(split, "heaprix", s, 1), ssgd(split, s)),), *q["fs_vs_ssgd"])
@@ -107,9 +109,11 @@ def figures(root: Path) -> dict[Path, bytes]:
                              gt(fs("homogeneous", "heaprix", s, 2), fs("homogeneous", "heaprix", s, 1))),
                      *q["heaprix_tau"]) for s in ("20", "50")]
     claims += [Claim(f"more local steps hurt under heterogeneity: τ = 1 above τ = 5 (FS-{u_[u]}, {s_[s]})", "acc",
-                     (gt(fs("heterogeneous", u, s, 1), fs("heterogeneous", u, s, 5)),), *q["het_tau"]) for u in ("privix", "heaprix") for s in ("20", "50")]
+                     (gt(fs("heterogeneous", u, s, 1), fs("heterogeneous", u, s, 5)),), *q["het_tau"])
+               for u in ("privix", "heaprix") for s in ("20", "50")]
     claims += [Claim(f"SketchedSGD very poor under heterogeneity: more than 10 points below FedSGD at τ = 1 ({s_[s]})",
-                     "acc", (gt(sgd("heterogeneous"), ssgd("heterogeneous", s), 0.10),), *q["ssgd_poor"]) for s in ("20", "50")]
+                     "acc", (gt(sgd("heterogeneous"), ssgd("heterogeneous", s), 0.10),), *q["ssgd_poor"])
+               for s in ("20", "50")]
     claims += [Claim(f"FSGATE-{u_[u]} at (20, 40) within ±2 points of FedSGD (heterogeneous, τ = 1; 2,000 "
                      "worker-rounds each)", "acc",
                      (near(fs("heterogeneous", u, "20", 1, "fedsketchgate"), sgd("heterogeneous"), 0.02),),
@@ -122,7 +126,8 @@ def figures(root: Path) -> dict[Path, bytes]:
                       f"{SPLITS[split]})", "downlink_round", fs(split, u, s, 1), sgd(split), 0.0, *q["downlink"])
                for split in SPLITS for u in ("privix", "heaprix") for s in ("20", "50")]
     claims.append(Claim("the count sketch of an update is ε-differentially private (Theorem 1) at (20, 40) and (50, 100)",
-                        "acc", (), *q["theorem1"], fixed=("not attempted", "the theorem's side condition fails at both sizes for "
+                        "acc", (), *q["theorem1"],
+                        fixed=("not attempted", "the theorem's side condition fails at both sizes for "
                                                "LeNet-5's l = 61,706 (tag sketch_epsilon_status of every run; README.md "
                                                "here, reduction 11), so no ε is computed, and its Assumption 1 (i.i.d. "
                                                "Gaussian coordinates) is not checked on real updates")))

@@ -63,7 +63,8 @@ def lending_club(root: Path, sensitivity: str = "proven") -> dict[Path, bytes]:
                                                       "among them), so they cannot test it: not counted; new seeds "
                                                       "would")
     claims += [Claim(f"fixed T = 100, ε = {e:g}: an interior optimum, E = 10 beats both E = 1 and E = 100", "mse",
-                     (gt(t100(e, 1), t100(e, 10)), gt(t100(e, 100), t100(e, 10))), *q["law_e10" + ("" if proven else "_unchecked")],
+                     (gt(t100(e, 1), t100(e, 10)), gt(t100(e, 100), t100(e, 10))),
+                     *q["law_e10" + ("" if proven else "_unchecked")],
                      fixed=exploratory) for e in (10.0, 5.0, 3.0)]
     claims += [Claim(f"fixed T_g = 10, ε = {e:g}: some E (2 … 50) beats E = 1 (a lower final test MSE)", "mse",
                      tuple(gt(tg10(e, 1), tg10(e, k)) for k in (2, 5, 10, 20, 50)), *q["noise"], any=True)

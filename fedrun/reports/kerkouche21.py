@@ -82,7 +82,8 @@ def table3(root: Path) -> dict[Path, bytes]:
                for r, pct, least in ((0.05, 95, 0.945), (0.2, 80, 0.795)) for o in opts]
     claims += [Claim(f"FL-CS: error feedback helps (server options on, i.e. momentum and error feedback, above momentum "
                      f"alone) at r = {r:g} {'with' if dp == 'on' else 'without'} DP", "acc",
-                     (gt(c("fl_cs", r, dp, "on"), c("fl_cs", r, dp, "momentum")),), *q["error_feedback"]) for dp in ("off", "on") for r in (0.05, 0.1, 0.2)]
+                     (gt(c("fl_cs", r, dp, "on"), c("fl_cs", r, dp, "momentum")),), *q["error_feedback"])
+               for dp in ("off", "on") for r in (0.05, 0.1, 0.2)]
     figure = rep.curves("table3_accuracy.svg", ["dp", "server_opts"], ["scheme", "r"], "Fashion-MNIST, fashion_cnn "
                         "(n = 114,314): test accuracy per round, mean over seeds (band: ± std)",
                         color=("scheme", {"fl_std": "black", "fl_rnd": "tab:blue", "fl_freq": "tab:green",

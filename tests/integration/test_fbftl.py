@@ -369,7 +369,7 @@ def test_ci_sized_comparison_table_from_mlflow(env, tmp_path):
     import shutil
 
     from fedrun.export import export
-    from fedrun.report import mlflow_records
+    from fedrun.export import mlflow_records
     from fedrun.reports import fbftl
     from fedrun.reports.common import Export, markers
     from fedrun.tracking import MlflowTracker

@@ -118,7 +118,7 @@ def _root(tmp_path: Path) -> Path:
     report's claims block."""
     root = tmp_path / "repo"
     (root / "results" / "fbftl").mkdir(parents=True)
-    for f in ("table.template.md", "paper_quotes.csv", "paper_numbers.csv"):   # the report's text, the paper's words and numbers
+    for f in ("table.template.md", "paper_quotes.csv", "paper_numbers.csv"):   # text, quotes, numbers
         shutil.copy(REPO / "results" / "fbftl" / f, root / "results" / "fbftl")
     start, end = markers("fbftl")
     (root / "README.md").write_text(f"# A README\n\n- **003 (FbFTL)**: text.\n{start}\n{end}\n\nThe end.\n")

@@ -145,7 +145,7 @@ def _root(tmp_path: Path, splits=("homogeneous", "heterogeneous")) -> Path:
     exports."""
     root = tmp_path / "repo"
     (root / "results" / "fedsketch").mkdir(parents=True)
-    for f in ("figures.template.md", "paper_quotes.csv", "paper_numbers.csv"):   # the report's text, the paper's words and numbers
+    for f in ("figures.template.md", "paper_quotes.csv", "paper_numbers.csv"):   # text, quotes, numbers
         shutil.copy(REPO / "results" / "fedsketch" / f, root / "results" / "fedsketch")
     start, end = markers("fedsketch")
     (root / "README.md").write_text(f"# README\n\n- **002 (FedSKETCH)**: text.\n\n{start}\n{end}\n\nThe end.\n")

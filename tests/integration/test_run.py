@@ -109,7 +109,7 @@ def test_mlflow_run_contents(fast_cfg, tmp_path):
     assert "partition/clients" in r.data.metrics and "summary/best_test_accuracy" in r.data.metrics  # grouped
     exp = client.get_experiment(r.info.experiment_id)  # fedrun's saved view of the runs table
     assert "mlflow.sharedViewState.fedrun" in exp.tags
-    from fedrun.report import mlflow_records
+    from fedrun.export import mlflow_records
 
     (rec,) = mlflow_records(uri, "fedrun-test")  # fedrun's own names again
     assert rec["metrics.best_test_accuracy"] == pytest.approx(summary["best_test_accuracy"])

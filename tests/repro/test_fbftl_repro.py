@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fedrun.export import export
-from fedrun.report import mlflow_records
+from fedrun.export import mlflow_records
 from fedrun.reports import fbftl
 from fedrun.reports.common import Export, markers
 from fedrun.run import run

@@ -27,7 +27,7 @@ def _fedrun(tmp_path, shared_data, *overrides: str) -> None:
 
 def _records(tmp_path, experiment: str) -> list[dict]:
     """The finished runs of the sweep, as ``python -m fedrun.report`` reads them (summary metrics by fedrun's names)."""
-    from fedrun.report import mlflow_records
+    from fedrun.export import mlflow_records
 
     return [r for r in mlflow_records(f"sqlite:///{tmp_path}/mlflow.db", experiment) if r["status"] == "FINISHED"]
 

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_ci_sized_table3_sweep_skips_finished_runs_and_exports(shared_data, tmp_path):
     from fedrun.export import export, load
-    from fedrun.report import mlflow_records
+    from fedrun.export import mlflow_records
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "FEDRUN_DATA": str(shared_data)}

@@ -44,7 +44,8 @@ def _passages():
                 with open(path, newline="", encoding="utf-8") as f:
                     for row in csv.DictReader(f):
                         for q in re.findall(r'"([^"]{12,})"', row[field]):
-                            yield pytest.param(folder, prefix, row["where"], q, id=f"{folder}:{row.get('key') or row['quantity']}")
+                            key = row.get("key") or row["quantity"]
+                            yield pytest.param(folder, prefix, row["where"], q, id=f"{folder}:{key}")
 
 
 @pytest.mark.parametrize("folder,prefix,where,quote", list(_passages()))

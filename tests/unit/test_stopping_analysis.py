@@ -24,7 +24,7 @@ def _rec(seed, opts, acc, scheme="fl_std", dp="client", model=None):
 def _stopping(tmp_path, records) -> str:
     out = tmp_path / "results" / "kerkouche21"
     out.mkdir(parents=True, exist_ok=True)
-    for f in ("fl_std_dp_stopping.template.md", "paper_quotes.csv"):   # the report's text, the paper's words and numbers
+    for f in ("fl_std_dp_stopping.template.md", "paper_quotes.csv"):   # text, quotes, numbers
         shutil.copy(REPO / "results" / "kerkouche21" / f, out)
     files = k.stopping(tmp_path, pd.DataFrame(records, dtype=object))
     assert list(files) == [Path("results/kerkouche21/fl_std_dp_stopping.md")]   # no README block
