@@ -144,7 +144,7 @@ def test_fbftl_report_from_a_synthetic_export(tmp_path, capsys):
             "`results/fbftl/runs/fbftl-mnist-fashion.runs.csv.gz`; 24 in the tables (left out: 2 not matching "
             "status = FINISHED, params.scheme.tune_lrs = None/, params.scheme.clients_hold_source = False/; "
             "1 outside the spec's rounds values)") in md
-    assert "Cells: 8 expected; 8 with ≥ 3 seeds, 0 with 1–2, 0 without runs." in md
+    assert "Cells: 10 expected; 8 with ≥ 3 seeds, 0 with 1–2, 2 without runs." in md   # no 1,200-round FTL-c here
     assert "### target MNIST" in md and "### target Fashion-MNIST" in md
     # uplink: measured bytes × 8 (481 bytes per FbFTL upload: 120 float32 features + a uint8 label), the paper's
     # formula, the paper's own (VGG-16) numbers and its inferred ones
