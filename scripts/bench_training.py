@@ -279,7 +279,7 @@ def emit(lines: list[str], args) -> int:
     text = "\n".join([*lines, "", f"Command: `{cmd}`"])
     print(text)
     if out:
-        from fedrun.report import save
+        from fedrun.reports import save
 
         save(text + "\n", out)
     return 0

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parts.append(f"\n({time.perf_counter() - t0:.0f} s)\n")
     text = "\n".join(parts)
     if args.out:
-        from fedrun.report import save
+        from fedrun.reports import save
 
         save(text, args.out)
     print(text)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrun.report import save
+from fedrun.reports import save
 from fedrun.transfer import leakage as lk
 
 

@@ -301,7 +301,7 @@ def test_cli_reports_a_bad_cut_layer_in_one_line(shared_data, tmp_path):
 
 # ------------------------------------------------------------------------------------ CI-sized results table
 class RecordsTracker(NullTracker):
-    """In-memory tracker giving the flat records fedrun.report.mlflow_records gives (params.*, tags.*,
+    """In-memory tracker giving the flat records fedrun.export.mlflow_records gives (params.*, tags.*,
     metrics.* = the value at the last step) and the metric histories."""
 
     where = "in memory"

@@ -94,7 +94,7 @@ def _log_runs(uri: str, experiment: str) -> None:
 
 
 def test_export_load_import_round_trip_through_mlflow(tmp_path):
-    from fedrun.report import mlflow_records
+    from fedrun.export import mlflow_records
 
     uri = f"sqlite:///{tmp_path / 'a.db'}"
     _log_runs(uri, "exp")
