@@ -106,7 +106,8 @@ def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100)
                      (contrast(((s("fbftl", t), 1.0),), "<", 0.1),), *q["leakage"]) for t in targets]
     rows = ["source", "scheme"]
     figure = rep.curves("table_accuracy.svg", ["target"], ["scheme"], "LeNet-5, 6000 clients: test accuracy per round "
-                        "(FbFTL: per server epoch), mean over seeds (band: ± std)", {"scheme": tuple(paper_schemes)}, ("scheme", {
+                        "(FbFTL: per server epoch), mean over seeds (band: ± std)", {"scheme": tuple(paper_schemes)},
+                        ("scheme", {
                             "fl": "black", "ftl_full": "tab:blue", "ftl_c": "tab:green", "fbftl": "tab:red"}))
     return rep.files({
         "bytes": rep.table(rows, [
