@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from fedrun.export import ExportError
-from fedrun.reports import deploy, fbftl, fedsketch, foundation, fu21, kerkouche21
+from fedrun.reports import common, deploy, fbftl, fedsketch, foundation, fu21, kerkouche21
 
 K, F = kerkouche21, fedsketch
 REPORTS = {
@@ -38,6 +38,10 @@ REPORTS = {
     "deploy": (deploy.deploy, [deploy.K, deploy.F]),
 }
 
+#: the reports whose tested claims are one family (Holm over all of them): each paper's; any other report is its own
+FAMILIES = (("kerkouche21_table3", "kerkouche21_model_size", "kerkouche21_stopping"),
+            ("fu21_lending_club", "fu21_lending_club_paper_unchecked", "fu21_femnist"), ("fbftl", "fbftl_tuned"))
+
 
 def save(data: str | bytes, path: str | Path) -> Path:
     """Write a generated table (text) or figure (bytes) to ``path``, creating its folder."""
@@ -56,7 +60,26 @@ def report_files(name: str, root: str | Path | None = None) -> dict[Path, bytes]
     """Every file of report ``name`` (paths relative to ``root``), built from the committed exports alone."""
     if name not in REPORTS:
         raise ValueError(f"no report {name!r}; reports: {', '.join(REPORTS)}")
-    return REPORTS[name][0](Path(root or default_root()))
+    root = Path(root or default_root())
+    token = common.FAMILY.set({o: raw_p(o, root) for f in FAMILIES if name in f for o in f if o != name})
+    try:
+        return REPORTS[name][0](root)
+    finally:
+        common.FAMILY.reset(token)
+
+
+def raw_p(name: str, root: Path) -> list[float]:
+    """The p-values of report ``name``'s tested claims before any correction (none when its exports are missing)."""
+    token = common.FAMILY.set(None)
+    try:
+        REPORTS[name][0](root)
+    except common.Collected as c:
+        return c.args[0]
+    except ExportError:                 # e.g. a repository with one paper's exports only
+        pass
+    finally:
+        common.FAMILY.reset(token)
+    return []
 
 
 def refresh_exports(name: str, root: Path, uri: str | None = None, allow_dirty: bool = False) -> list[str]:

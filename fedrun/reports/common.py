@@ -3,6 +3,7 @@ tables, claims, figures, and the report's files (:meth:`Report.files`)."""
 
 from __future__ import annotations
 
+import contextvars
 import csv
 import io
 import itertools
@@ -19,6 +20,9 @@ import pandas as pd
 from fedrun.reports import stats
 
 MARKS = ("†", "‡", "§", "¶", "‖", "#")
+#: while fedrun.reports builds a report: {other report of its family: the raw p-values of its tested claims}; None:
+#: only collect this report's own (:meth:`Report.verdicts` raises :class:`Collected`, :meth:`Report.curves` draws none)
+FAMILY: contextvars.ContextVar = contextvars.ContextVar("family", default={})
 MET, NOT_MET, OPEN = "met", "not met", "inconclusive"
 README = "README.md"
 
@@ -395,31 +399,38 @@ class Report:
         return {"p": p, "met": met, "needed": need, "text": ("any of: " if claim.any else "") + "; ".join(parts)}
 
     def verdicts(self, claims: Sequence[Claim]) -> list[tuple[str, str]]:
-        """(verdict, the numbers behind it) per claim, the tested ones decided at α after Holm over the family."""
-        tests = [self.test(c) for c in claims]
-        family = [t for t in tests if "p" in t]
-        for t, adj in zip(family, stats.holm([t["p"] for t in family])):
+        """(verdict, the numbers behind it) per claim, the tested ones decided at α after Holm over the family: these
+        claims and those of the other reports in :data:`FAMILY` (a paper's reports are one family)."""
+        tests, others = [self.test(c) for c in claims], FAMILY.get()
+        tested = [t for t in tests if "p" in t]
+        if others is None:
+            raise Collected([t["p"] for t in tested])
+        adjusted = stats.holm([t["p"] for t in tested] + [p for ps in others.values() for p in ps])
+        for t, adj in zip(tested, adjusted):
             decided = adj <= stats.ALPHA
             t["verdict"] = (MET if t["met"] else NOT_MET) if decided else OPEN
-            t["text"] += f"; Holm-adjusted p = {adj:.2g} (family of {len(family)})"
+            t["text"] += f"; Holm-adjusted p = {adj:.2g} (family of {len(adjusted)})"
             if not decided:
                 t["text"] += ("; seeds per cell for 80 % power at the observed difference and spread: " +
                               ", ".join(str(n) if n else "over 1,000" for n in t["needed"]))
+        self.family = f"{len(tested)} here" + "".join(f", {len(ps)} in {n}" for n, ps in others.items())
         return [(t["verdict"], t["text"]) for t in tests]
 
-    def claims(self, claims: Sequence[Claim]) -> str:
+    def claims(self, claims: Sequence[Claim], verdicts: Sequence[tuple[str, str]]) -> str:
         lines = [f"- {c.text}: **{v}** — {detail}." + (f" Paper: {c.paper}" + (f" ({c.where})" if c.where else "") + "."
                                                        if c.paper else "")
-                 for c, (v, detail) in zip(claims, self.verdicts(claims))]
-        return "## The paper's claims\n\n" + RULE + "\n\n" + "\n".join(lines) + "\n"
+                 for c, (v, detail) in zip(claims, verdicts)]
+        return (f"## The paper's claims\n\n{RULE} This report's family of tested claims: {self.family}.\n\n"
+                + "\n".join(lines) + "\n")
 
     def files(self, blocks: Mapping[str, str], figures: Mapping[str, bytes] = {}, claims: Sequence[Claim] = (),
               expect: Sequence[Mapping[str, Any]] = (), readme: bool = True) -> dict[Path, bytes]:
         """The report's files (paths relative to the root): its figures, its markdown (the template
         ``<output>.template.md`` filled with ``blocks`` and the runs line, coverage, claims and paper's numbers),
         and with claims README.md with its claims block regenerated."""
+        verdicts = self.verdicts(claims) if claims else []
         blocks = {"runs": self.runs_line(), **({"cells": self.coverage(expect)} if expect else {}),
-                  **({"claims": self.claims(claims)} if claims else {}),
+                  **({"claims": self.claims(claims, verdicts)} if claims else {}),
                   **({"paper": self.paper_numbers()} if self.paper else {}), **blocks}
         out = {Path(self.output).parent / f: b for f, b in figures.items()}
         out[Path(self.output)] = fill(self.root / Path(self.output).with_suffix(".template.md"), blocks).encode()
@@ -428,8 +439,9 @@ class Report:
             if not path.exists():
                 raise ValueError(f"{path} not found: the claims of {self.name} go into its claims block")
             head = (f"Claims checked by [{Path(self.output).name}]({self.output}) (Welch t per comparison, each "
-                    f"direction at α/2, Holm over the report's claims at α = {stats.ALPHA:g}; the numbers are there):")
-            body = "\n".join([head] + [f"- {c.text}: **{v}**" for c, (v, _) in zip(claims, self.verdicts(claims))])
+                    f"direction at α/2, Holm over the paper's family of claims at α = {stats.ALPHA:g}; the numbers "
+                    f"and the family are there):")
+            body = "\n".join([head] + [f"- {c.text}: **{v}**" for c, (v, _) in zip(claims, verdicts)])
             out[Path(README)] = splice(path.read_text(), self.name, body).encode("utf-8")
         return out
 
@@ -438,6 +450,8 @@ class Report:
                ylabel: str = "test accuracy", xlabel: str = "round", yscale: str = "linear") -> dict[str, bytes]:
         """{file: a figure}: per panel (every combination of the ``panels`` dims with runs), one line per
         combination of the ``lines`` dims: the mean (± std) of ``series`` per step. ``color``/``style``: (dim, map)."""
+        if FAMILY.get() is None:
+            return {}
         values = [self.present(d, where) for d in panels]
         out = []
         for combo in itertools.product(*values):
@@ -466,12 +480,16 @@ RULE = (f"Rule: each comparison is a difference of cell means over seeds (or a d
         f"direction of the claim and in the opposite one, each one-sided at α/2 = {stats.ALPHA / 2:g}; \"within x\" "
         f"is an equivalence claim, tested by two one-sided tests (TOST) against the margin ±x. A claim of several "
         f"comparisons is met when all are (the largest p), an *any of* claim when one is (Holm within the claim). The "
-        f"claims of this report are one family: Holm's step-down over their p-values, and a claim is **met** or "
-        f"**not met** when its adjusted p is at most α = {stats.ALPHA:g} (so with no true difference a decisive "
+        f"claims of a paper, in all its reports, are one family: Holm's step-down over their p-values, and a claim is "
+        f"**met** or **not met** when its adjusted p is at most α = {stats.ALPHA:g} (so with no true difference a decisive "
         f"verdict comes at most 5 % of the time), else **inconclusive**, with the seeds per cell that would give 80 % "
         f"power at the observed difference and spread. The 95 % CI is Welch's, before the family's correction. A "
         f"saving of counted bytes (no noise) is met when 1 − mean(left)/mean(right) reaches its threshold; a claim "
         f"true by construction is said so and not counted as met.")
+
+
+class Collected(Exception):
+    """What :meth:`Report.verdicts` raises when :data:`FAMILY` is None: the raw p-values of the tested claims."""
 
 
 def fill(template: Path, blocks: Mapping[str, str]) -> str:

@@ -123,5 +123,29 @@ def test_claims_are_decided_after_holm_over_the_report():
     assert "one seed in a cell, no spread" in got[3][1] and got[6][1] == "no runs of scheme = f"
     assert "difference +0.100 (95 % CI" in got[0][1] and "Holm-adjusted p" in got[0][1] and "(family of 4)" in got[0][1]
     assert "seeds per cell for 80 % power" in got[2][1] and got[4][1].startswith("any of: ")
-    text = rep.claims(claims)
+    text = rep.claims(claims, got)
     assert "Welch's t with Satterthwaite's degrees of freedom" in text and "- a beats b: **met** — " in text
+    assert "family of tested claims: 4 here." in text
+
+
+def test_the_family_is_the_papers_claims_in_all_its_reports():
+    """The other reports' raw p-values (FAMILY) join the Holm step-down: a claim met alone is inconclusive in a
+    family of 40 (39 p-values of 0.5); with FAMILY None a report only hands its raw p-values over."""
+    rep = _report({"a": [0.80, 0.83, 0.86], "b": [0.70, 0.74, 0.69]})
+    claims = [c.Claim("a beats b", "acc", (c.gt({"scheme": "a"}, {"scheme": "b"}),))]
+    alone = rep.verdicts(claims)
+    token = c.FAMILY.set({"other": [0.5] * 39})
+    try:
+        joined = rep.verdicts(claims)
+        assert "39 in other" in rep.claims(claims, joined)
+    finally:
+        c.FAMILY.reset(token)
+    assert alone[0][0] == "met" and joined[0][0] == "inconclusive" and "(family of 40)" in joined[0][1]
+    token = c.FAMILY.set(None)
+    try:
+        with pytest.raises(c.Collected) as raw:
+            rep.verdicts(claims)
+    finally:
+        c.FAMILY.reset(token)
+    assert raw.value.args[0] == pytest.approx([stats.welch([[0.80, 0.83, 0.86], [0.70, 0.74, 0.69]],
+                                                           [1, -1]).p_above(0) * 2])

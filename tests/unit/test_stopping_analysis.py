@@ -24,7 +24,7 @@ def _rec(seed, opts, acc, scheme="fl_std", dp="client", model=None):
 def _stopping(tmp_path, records) -> str:
     out = tmp_path / "results" / "kerkouche21"
     out.mkdir(parents=True, exist_ok=True)
-    for f in ("fl_std_dp_stopping.template.md", "paper_quotes.csv"):   # text, quotes, numbers
+    for f in ("fl_std_dp_stopping.template.md", "paper_quotes.csv", "paper_numbers.csv"):
         shutil.copy(REPO / "results" / "kerkouche21" / f, out)
     files = k.stopping(tmp_path, pd.DataFrame(records, dtype=object))
     assert list(files) == [Path("results/kerkouche21/fl_std_dp_stopping.md")]   # no README block
@@ -36,7 +36,7 @@ def test_reads_fl_std_dp_as_published(tmp_path):
         _rec(0, "off", (0.45, 0.58, 0.61, 0.78)), _rec(1, "off", (0.46, 0.59, 0.62, 0.77)),
         _rec(0, "on", (0.47, 0.45, 0.29, 0.1)),                       # server momentum: not FL-STD as published
         _rec(0, "off", (0.4, 0.5, 0.6, 0.7), scheme="fl_cs"), _rec(0, "off", (0.5, 0.6, 0.7, 0.8), dp="off")])
-    assert "| fashion_cnn | 0 | 0.580 | 0.610 | 0.610 | 0.780 (200) |" in text and "| fashion_cnn | 1 |" in text
+    assert "| fashion_cnn | 0 | 0.580 | 0.610 | 0.610 | 0.780 | 200 |" in text and "| fashion_cnn | 1 |" in text
     assert "0.290" not in text and "Runs: 5 in the exports" in text and "2 in the tables" in text
 
 
