@@ -358,7 +358,7 @@ class Report:
 
     def test(self, claim: Claim) -> dict[str, Any]:
         """One claim before the family's correction: {verdict} when it is decided without a test, else {p, met,
-        text (the numbers per comparison), needed (seeds per cell, for an undecided claim)}."""
+        text (the numbers per comparison), needed ((Welch, distance) per comparison, to size an undecided claim)}."""
         if claim.fixed:
             return {"verdict": claim.fixed[0], "text": claim.fixed[1]}
         cells = [c for terms, *_ in claim.comps for c, _ in terms]
@@ -394,7 +394,7 @@ class Report:
             parts.append(f"{desc}: {'difference' if len(terms) > 1 else 'mean'} {w.d:+.3f} (95 % CI {lo:+.3f} to "
                          f"{hi:+.3f}; claimed {goal}), Welch df = {w.df:.1f}, one-sided p = {ps[-1][0]:.2g} for the "
                          f"claim, {ps[-1][1]:.2g} against")
-            need.append(stats.seeds_needed(w, stats.distance(w, kind, bound, center)))
+            need.append((w, stats.distance(w, kind, bound, center)))
         p, met = stats.decide(*stats.combine(ps, claim.any))
         return {"p": p, "met": met, "needed": need, "text": ("any of: " if claim.any else "") + "; ".join(parts)}
 
@@ -411,8 +411,9 @@ class Report:
             t["verdict"] = (MET if t["met"] else NOT_MET) if decided else OPEN
             t["text"] += f"; Holm-adjusted p = {adj:.2g} (family of {len(adjusted)})"
             if not decided:
-                t["text"] += ("; seeds per cell for 80 % power at the observed difference and spread: " +
-                              ", ".join(str(n) if n else "over 1,000" for n in t["needed"]))
+                need = (stats.seeds_needed(w, m, stats.ALPHA / len(adjusted)) for w, m in t["needed"])
+                t["text"] += (f"; seeds per cell for 80 % power at the observed difference and spread, at "
+                              f"α/{len(adjusted)}: " + ", ".join(str(n or "over 1,000") for n in need))
         self.family = f"{len(tested)} here" + "".join(f", {len(ps)} in {n}" for n, ps in others.items())
         return [(t["verdict"], t["text"]) for t in tests]
 
@@ -481,9 +482,10 @@ RULE = (f"Rule: each comparison is a difference of cell means over seeds (or a d
         f"is an equivalence claim, tested by two one-sided tests (TOST) against the margin ±x. A claim of several "
         f"comparisons is met when all are (the largest p), an *any of* claim when one is (Holm within the claim). The "
         f"claims of a paper, in all its reports, are one family: Holm's step-down over their p-values, and a claim is "
-        f"**met** or **not met** when its adjusted p is at most α = {stats.ALPHA:g} (so with no true difference a decisive "
-        f"verdict comes at most 5 % of the time), else **inconclusive**, with the seeds per cell that would give 80 % "
-        f"power at the observed difference and spread. The 95 % CI is Welch's, before the family's correction. A "
+        f"**met** or **not met** when its adjusted p is at most α = {stats.ALPHA:g} (so with no true difference a "
+        f"decisive verdict comes at most 5 % of the time), else **inconclusive**, with the seeds per cell that would "
+        f"give 80 % power at the observed difference and spread at α/m, m the family's size (Holm's strictest step, "
+        f"so an upper bound). The 95 % CI is Welch's, before the family's correction. A "
         f"saving of counted bytes (no noise) is met when 1 − mean(left)/mean(right) reaches its threshold; a claim "
         f"true by construction is said so and not counted as met.")
 

@@ -85,7 +85,7 @@ def holm(ps: Sequence[float]) -> list[float]:
     return out
 
 
-def seeds_needed(w: Welch, margin: float, cap: int = 1000) -> int | None:
+def seeds_needed(w: Welch, margin: float, alpha: float = ALPHA, cap: int = 1000) -> int | None:
     """Seeds per cell giving a test at α/2 one-sided 80 % power, were the true distance from the claim's boundary
     ``margin`` and each cell's spread the observed one; None above ``cap`` or for 0."""
     if margin <= 0 or w.se == 0:
@@ -93,5 +93,5 @@ def seeds_needed(w: Welch, margin: float, cap: int = 1000) -> int | None:
     n = np.arange(2, cap + 1)
     unit = sum(v * k for v, k in w.parts)   # Σ cᵢ²·sᵢ² : the variance of d with one seed per cell
     df = (n - 1) * unit ** 2 / float((np.array([v * k for v, k in w.parts]) ** 2).sum())
-    ok = margin * np.sqrt(n / unit) >= stats.t.ppf(1 - ALPHA / 2, df) + stats.t.ppf(POWER, df)
+    ok = margin * np.sqrt(n / unit) >= stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(POWER, df)
     return int(n[ok][0]) if ok.any() else None

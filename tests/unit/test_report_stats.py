@@ -97,6 +97,7 @@ def test_seeds_needed_grows_as_the_difference_shrinks():
     w = stats.welch([a, b], [1.0, -1.0])
     big, small = stats.seeds_needed(w, 0.05), stats.seeds_needed(w, 0.01)
     assert big and small and 2 <= big < small and stats.seeds_needed(w, 0.0) is None
+    assert stats.seeds_needed(w, 0.05, stats.ALPHA / 40) > big      # a family's stricter level asks for more seeds
 
 
 # ------------------------------------------------------------------------------------ claims in a report
