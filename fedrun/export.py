@@ -234,10 +234,11 @@ def check_source(runs: list[dict[str, Any]], allow_dirty: bool = False) -> list[
 def export(uri: str, experiments: Sequence[str], out_dir: str | Path, name: str | None = None,
            filter_string: str = "", statuses: Sequence[str] | None = DEFAULT_STATUSES,
            metrics: Sequence[str] | None = None, every: int | None = None,
-           allow_dirty: bool = False) -> tuple[Path, Path, int]:
+           allow_dirty: bool = False, append: bool = False) -> tuple[Path, Path, int]:
     """Export the runs of ``experiments`` to ``out_dir/<name>.runs.csv.gz`` and ``.metrics.csv.gz`` (name:
     the first experiment's); returns (runs file, metrics file, number of runs). Runs from a dirty working tree are
-    refused unless ``allow_dirty`` (:func:`check_source`)."""
+    refused unless ``allow_dirty`` (:func:`check_source`). ``append``: keep the runs already in the export that
+    this store does not hold (an MLflow store does not outlive its machine; the export does), rows unchanged."""
     if not experiments:
         raise ExportError("no experiment given: --experiment NAME")
     runs, points = read_mlflow(uri, experiments, filter_string, statuses, metrics, every)
@@ -247,6 +248,11 @@ def export(uri: str, experiments: Sequence[str], out_dir: str | Path, name: str 
                           + (f" matching {filter_string!r}" if filter_string else "")
                           + (f" with status {'/'.join(statuses)}" if statuses else ""))
     runs_file, metrics_file = paths(Path(out_dir) / (name or experiments[0]))
+    if append and runs_file.exists():
+        old, old_points = read_export(Path(out_dir) / (name or experiments[0]))
+        keep = {r["run_id"] for r in old} - {r["run_id"] for r in runs}
+        runs += [r for r in old if r["run_id"] in keep]
+        points += [p for p in old_points if p[0] in keep]
     runs_bytes, metrics_bytes = encode(runs, points)
     _write_atomic(runs_file, runs_bytes)
     _write_atomic(metrics_file, metrics_bytes)
@@ -427,6 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="keep per-round points only every k rounds (and each metric's first and last point)")
     e.add_argument("--allow-dirty", action="store_true",
                    help="export runs made from a working tree with uncommitted changes too (refused by default)")
+    e.add_argument("--append", action="store_true",
+                   help="keep the export's runs that this store lacks (e.g. seeds run earlier on another machine)")
     i = sub.add_parser("import", help="an export → new runs in an MLflow store (to browse in the UI)")
     i.add_argument("export", help="the export's prefix, e.g. results/kerkouche21/runs/kerkouche21-table3")
     i.add_argument("--uri", default=None,
@@ -444,7 +452,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             metrics = None if args.metrics is None else tuple(m for m in args.metrics.split(",") if m)
             uri = resolve_uri(args.uri)
             runs_file, metrics_file, n = export(uri, args.experiment, args.out, args.name, args.filter,
-                                                statuses, metrics, args.every, args.allow_dirty)
+                                                statuses, metrics, args.every, args.allow_dirty,
+                                                args.append)
             sizes = [f"{f} ({f.stat().st_size / 1e3:.1f} kB)" for f in (runs_file, metrics_file)]
             print(f"fedrun export: {n} runs of {', '.join(args.experiment)} ({uri}) → {', '.join(sizes)}")
         elif args.cmd == "import":

@@ -82,8 +82,10 @@ def raw_p(name: str, root: Path) -> list[float]:
     return []
 
 
-def refresh_exports(name: str, root: Path, uri: str | None = None, allow_dirty: bool = False) -> list[str]:
-    """Export the report's MLflow experiments again (runs from a dirty tree only with ``allow_dirty``); a line each."""
+def refresh_exports(name: str, root: Path, uri: str | None = None, allow_dirty: bool = False,
+                    append: bool = False) -> list[str]:
+    """Export the report's MLflow experiments again (runs from a dirty tree only with ``allow_dirty``; ``append``:
+    keeping the committed runs the store lacks); a line each."""
     from fedrun.export import export
     from fedrun.tracking import resolve_uri
 
@@ -91,7 +93,7 @@ def refresh_exports(name: str, root: Path, uri: str | None = None, allow_dirty: 
     for e in REPORTS[name][1]:
         out = root / e.path
         files = export(resolve_uri(uri), [e.experiment], out.parent, out.name, metrics=e.metrics, every=e.every,
-                       allow_dirty=allow_dirty)
+                       allow_dirty=allow_dirty, append=append)
         lines.append(f"{files[2]} runs of {e.experiment} → " + ", ".join(
             f"{f.relative_to(root)} ({f.stat().st_size / 1e3:.1f} kB)" for f in files[:2]))
     return lines
@@ -109,11 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "sqlite:///mlflow.db)")
     ap.add_argument("--allow-dirty", action="store_true", help="with --export: export runs made from a working tree "
                                                                "with uncommitted changes too")
+    ap.add_argument("--append", action="store_true", help="with --export: keep the committed runs that the store "
+                                                          "lacks (runs made earlier on another machine)")
     args = ap.parse_args(argv)
     root, stale = Path(args.root) if args.root else default_root(), []
     for name in args.names or list(REPORTS):
         try:
-            for line in refresh_exports(name, root, args.uri, args.allow_dirty) if args.export else []:
+            for line in refresh_exports(name, root, args.uri, args.allow_dirty, args.append) if args.export else []:
                 print(f"fedrun report: exported {line}")
             files = report_files(name, root)
         except (ExportError, ValueError, OSError) as exc:

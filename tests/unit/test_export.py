@@ -133,6 +133,21 @@ def test_export_load_import_round_trip_through_mlflow(tmp_path):
         assert strip(b) == strip(rec)
 
 
+def test_export_append_keeps_the_runs_the_store_lacks_and_their_rows_unchanged(tmp_path):
+    uri_a, uri_b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    _log_runs(uri_a, "exp")                          # seeds made on one machine, exported, the store then lost
+    _log_runs(uri_b, "exp")                          # more runs in a fresh store
+    ex.export(uri_a, ["exp"], tmp_path / "out")
+    before = {r["run_id"]: r for r in ex.load(tmp_path / "out" / "exp")}
+    _, _, n = ex.export(uri_b, ["exp"], tmp_path / "out", append=True)
+    after = {r["run_id"]: r for r in ex.load(tmp_path / "out" / "exp")}
+    assert n == 6 and len(after) == 6 and all(after[k] == v for k, v in before.items())
+    first = [f.read_bytes() for f in ex.paths(tmp_path / "out" / "exp")]
+    ex.export(uri_b, ["exp"], tmp_path / "out", append=True)
+    assert [f.read_bytes() for f in ex.paths(tmp_path / "out" / "exp")] == first     # appending again: same bytes
+    assert ex.export(uri_b, ["exp"], tmp_path / "out")[2] == 3                       # without it: this store's only
+
+
 def test_loading_an_export_and_building_a_report_never_imports_mlflow(tmp_path):
     import subprocess
     import sys
