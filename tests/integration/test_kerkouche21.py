@@ -66,7 +66,7 @@ def _sweep_jobs(experiment: str, **fixed: str) -> list[list[str]]:
 def test_table3_sweep_covers_every_cell_with_its_clipping_norm():
     """Every job of `fedrun -m experiment=kerkouche21_table3` composes and validates (no data needed): 4 schemes ×
     3 r × DP on/off × server options on/off; FL-STD runs once (r = 1 for every r of the sweep), S from the model's
-    table, and each cell has a distinct config hash (seed 0 here; the seeds only multiply it by 3)."""
+    table, and each cell has a distinct config hash (seed 0 here; the seeds only multiply it by 4)."""
     from conftest import compose
     from omegaconf import OmegaConf
 
