@@ -247,9 +247,10 @@ def export(uri: str, experiments: Sequence[str], out_dir: str | Path, name: str 
         raise ExportError(f"no runs to export in {', '.join(map(repr, experiments))} at {uri}"
                           + (f" matching {filter_string!r}" if filter_string else "")
                           + (f" with status {'/'.join(statuses)}" if statuses else ""))
-    runs_file, metrics_file = paths(Path(out_dir) / (name or experiments[0]))
+    prefix = Path(out_dir) / (name or experiments[0])
+    runs_file, metrics_file = paths(prefix)
     if append and runs_file.exists():
-        old, old_points = read_export(Path(out_dir) / (name or experiments[0]))
+        old, old_points = read_export(prefix)
         keep = {r["run_id"] for r in old} - {r["run_id"] for r in runs}
         runs += [r for r in old if r["run_id"] in keep]
         points += [p for p in old_points if p[0] in keep]
@@ -452,8 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             metrics = None if args.metrics is None else tuple(m for m in args.metrics.split(",") if m)
             uri = resolve_uri(args.uri)
             runs_file, metrics_file, n = export(uri, args.experiment, args.out, args.name, args.filter,
-                                                statuses, metrics, args.every, args.allow_dirty,
-                                                args.append)
+                                                statuses, metrics, args.every, args.allow_dirty, args.append)
             sizes = [f"{f} ({f.stat().st_size / 1e3:.1f} kB)" for f in (runs_file, metrics_file)]
             print(f"fedrun export: {n} runs of {', '.join(args.experiment)} ({uri}) → {', '.join(sizes)}")
         elif args.cmd == "import":
