@@ -190,8 +190,9 @@ def git_state(path: Path | None = None, max_file_bytes: int = 1 << 20) -> tuple[
         if not sha:
             return "unknown", False, ""
         diff = git("diff", "HEAD", "--no-color")
-        untracked = [f for f in git("ls-files", "--others", "--exclude-standard", "--full-name").splitlines() if f]
         root = Path(git("rev-parse", "--show-toplevel").strip())
+        untracked = [f for f in git("ls-files", "--others", "--exclude-standard", "--full-name", str(root)).splitlines()
+                     if f]   # the whole checkout's, not only those under the package's folder
         for name in untracked:
             f = root / name
             if f.is_file() and f.stat().st_size <= max_file_bytes:

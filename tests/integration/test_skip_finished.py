@@ -54,3 +54,21 @@ def test_git_state_sees_tracked_changes_and_untracked_files(tmp_path):
     sha2, dirty, diff = git_state(repo)
     assert sha2 == sha and dirty
     assert "-x = 1" in diff and "+x = 2" in diff and "+y = 3" in diff and "not part of the code" not in diff
+
+
+def test_git_state_sees_untracked_files_outside_the_package_folder(tmp_path):
+    """fedrun reads the state from its package folder (repo/fedrun); a new untracked experiment config elsewhere in the
+    checkout (repo/conf/…) changes what a run does, so it makes the tree dirty and its text goes into the diff."""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@t")
+    _git(repo, "config", "user.name", "t")
+    (repo / "pkg" / "a.py").write_text("x = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    assert git_state(repo / "pkg")[1] is False
+    (repo / "conf").mkdir()
+    (repo / "conf" / "new.yaml").write_text("lr: 0.3\n")
+    sha, dirty, diff = git_state(repo / "pkg")
+    assert dirty and "+lr: 0.3" in diff and "conf/new.yaml" in diff
