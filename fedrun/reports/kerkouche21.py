@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import (Cell, Claim, Report, column, contrast, dims, export, fill, fmt, gt, load, md, near,
-                                   numbers, quotes, saving)
+from fedrun.reports.common import (Cell, Claim, Report, column, contrast, dims, export, gt, load, near, numbers,
+                                   quotes, saving)
 
 OUT = "results/kerkouche21"
 T3, SIZE, LR, LOCAL = (export(OUT, f"kerkouche21-{n}", every=10) for n in ("table3", "model-size", "server-lr",
                                                                             "local-lr"))
-AUDIT = export(OUT, "kerkouche21-audit")
+AUDIT = export(OUT, "kerkouche21-audit", every=10)
 SCHEMES = {"fl_std": "FL-STD", "fl_rnd": "FL-RND", "fl_freq": "FL-FREQ", "fl_cs": "FL-CS"}
 OPTS = {"paper": "paper's setup", "off": "server options off", "on": "server options on",
         "momentum": "server momentum, no error feedback"}
@@ -194,21 +194,25 @@ def stopping(root: Path, df: pd.DataFrame | None = None) -> dict[Path, bytes]:
 def audit(root: Path) -> dict[Path, bytes]:
     """The privacy audit's runs: FL-STD-DP and FL-CS-DP r = 0.05, each also as the negative control without noise."""
     df = load(root, [AUDIT])
-    df = df[df.status == "FINISHED"].copy()
-    df["control"] = df["params.audit.negative_control"].astype(str).str.lower() == "true"
-    rows, reading = [], []
-    for r in df.sort_values(["params.scheme.name", "control"]).to_dict("records"):
-        low, eps = r["metrics.audit_epsilon_lower"], r["metrics.epsilon_final"]
-        rows.append([r["params.scheme.name"], "removed (negative control)" if r["control"] else
-                     f"σ = {r['tags.dp.noise_multiplier']}", r["params.clipping_norm"], fmt(eps),
-                     fmt(r["metrics.epsilon_pld"]), fmt(low), f"{r['metrics.audit_correct']:.0f} / "
-                     f"{r['metrics.audit_guesses']:.0f}", fmt(r["metrics.audit_included"], "{:.0f}"),
-                     fmt(r["metrics.audit_participations_mean"], "{:.2f}"), fmt(r["metrics.best_test_accuracy"])])
-        verdict = ("the audit refutes the claimed ε (it catches the missing noise)" if low > eps else
-                   "consistent with the claimed ε" + (" — the control was NOT caught" if r["control"] else ""))
-        reading.append(f"- {r['params.scheme.name']}{' without noise' if r['control'] else ''}: lower bound "
-                       f"{low:.3f} vs claimed {eps:.3f}: {verdict}.")
-    table = md(["scheme", "noise", "S", "ε claimed (RDP)", "ε (PLD)", "audit ε lower bound (95 %)",
-                "correct / guesses", "canaries in", "rounds per included canary", "best test acc."], rows)
-    return {Path(f"{OUT}/audit.md"): fill(root / OUT / "audit.template.md", {"table": table, "reading": "\n".join(
-        reading)}).encode()}
+    df["scheme"] = column(df, "params.scheme.name")
+    df["noise"] = column(df, "params.audit.negative_control", map={"True": "removed", "False": "on"}, missing="on")
+    m = lambda k: df[f"metrics.{k}"]  # noqa: E731
+    df = df.assign(sigma=column(df, "tags.dp.noise_multiplier", kind=float), clip=column(df, "params.clipping_norm",
+                   kind=float), eps=m("epsilon_final"), eps_pld=m("epsilon_pld"), low=m("audit_epsilon_lower"),
+                   correct=m("audit_correct"), guesses=m("audit_guesses"), included=m("audit_included"),
+                   rounds=m("audit_participations_mean"), acc=m("best_test_accuracy"))
+    rep = Report("kerkouche21_audit", root, f"{OUT}/audit.md", [AUDIT], df, dims(
+        scheme=dict(values=SCHEMES), noise=dict(values={"on": "σ for ε = 1", "removed": "removed (negative control)"}),
+        seed={}))
+    table = rep.table(["scheme", "noise", "seed"], [Cell(h, v, "same", f) for h, v, f in (
+        ("σ (accountant's)", "sigma", "{:g}"), ("S", "clip", "{:g}"), ("ε claimed (RDP)", "eps", "{:.3f}"),
+        ("ε (PLD)", "eps_pld", "{:.3f}"), ("audit ε lower bound (95 %)", "low", "{:.3f}"),
+        ("correct guesses", "correct", "{:.0f}"), ("guesses", "guesses", "{:.0f}"), ("canaries in", "included", "{:.0f}"),
+        ("rounds per included canary", "rounds", "{:.2f}"), ("best test acc.", "acc", "{:.3f}"))])
+    reading = [f"- {SCHEMES[r.scheme]}{' without noise' if r.noise == 'removed' else ''}, seed {r.seed}: lower bound "
+               f"{r.low:.3f} vs claimed {r.eps:.3f}: " + ("the audit refutes the claimed ε (it catches the missing "
+                                                        "noise)" if r.low > r.eps else "consistent with the claimed ε"
+                                                        + (" — the control was NOT caught" if r.noise == "removed"
+                                                           else "")) + "."
+               for r in rep.runs.sort_values(["scheme", "noise", "seed"]).itertuples()]
+    return rep.files({"table": table, "reading": "\n".join(reading)})
