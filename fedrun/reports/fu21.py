@@ -12,8 +12,8 @@ from fedrun.reports.common import Cell, Claim, Report, column, dims, export, gt,
 OUT = "results/fu21"
 LC, FEMNIST = export(OUT, "fu21-lending-club", every=10), export(OUT, "fu21-femnist")
 INF = float("inf")
-#: the cells the sweeps fill (Lending Club: experiment=fu21_lending_club[_tg10], 5 seeds; FEMNIST: fu21_femnist,
-#: fu21_femnist_tg6, fu21_femnist_proven, 3 seeds)
+#: the cells the sweeps fill (Lending Club: experiment=fu21_lending_club[_tg10], 10 seeds; FEMNIST: fu21_femnist,
+#: fu21_femnist_tg6, fu21_femnist_proven, 10 seeds)
 LC_EXPECT = [dict(sweep="T100", eps=[INF, 10.0, 5.0, 3.0], E=[1, 2, 5, 10, 20, 50, 100]),
              dict(sweep="Tg10", eps=[INF, 10.0, 3.0], E=[1, 2, 5, 10, 20, 50])]
 FEMNIST_EXPECT = [dict(sens="paper_unchecked", sweep="T24", eps=[INF, 30.0, 10.0, 3.0], E=[1, 2, 4, 8]),
@@ -72,7 +72,7 @@ def lending_club(root: Path, sensitivity: str = "proven") -> dict[Path, bytes]:
     figures, colors = {}, ("E", {1: "black", 2: "tab:blue", 5: "tab:green", 10: "tab:red", 20: "tab:purple",
                                  50: "tab:orange", 100: "tab:brown"})
     for s, t in (("T100", "fixed T = E·T_g = 100"), ("Tg10", "fixed T_g = 10")):
-        figures |= rep.curves(f"{stem}_{s}.svg", ["eps"], ["E"], f"{t}: test MSE per global iteration, mean over 5 "
+        figures |= rep.curves(f"{stem}_{s}.svg", ["eps"], ["E"], f"{t}: test MSE per global iteration, mean over "
                               "seeds (band: ± std where above 0)", {"sweep": s}, colors, series="test_mse",
                               ylabel="test MSE (log)", xlabel="global iteration", yscale="log")
     eps = [Cell("ε composed, worst client (Laplace: basic)", "eps_composed", "max", "{:.3g}")]
