@@ -71,11 +71,11 @@ def test_the_femnist_sweeps_fill_the_cells_the_report_expects():
         assert params["local_dp_sensitivity"] == list(expect[cell]["sens"])
         assert [int(e) for e in params["local_steps"]] == list(expect[cell]["E"])
         assert [float(e) for e in params["epsilon"]] == list(expect[cell]["eps"])
-        assert params["seed"] == ["0", "1", "2"]
+        assert params["seed"] == [str(i) for i in range(10)]   # the E claims rest on 10 seeds per cell
     assert len(expect) == 3
-    assert math.prod(len(v) for v in _sweep("fu21_femnist").values()) == 48
-    assert math.prod(len(v) for v in _sweep("fu21_femnist_tg6").values()) == 24
-    assert math.prod(len(v) for v in _sweep("fu21_femnist_proven").values()) == 12
+    assert math.prod(len(v) for v in _sweep("fu21_femnist").values()) == 160
+    assert math.prod(len(v) for v in _sweep("fu21_femnist_tg6").values()) == 80
+    assert math.prod(len(v) for v in _sweep("fu21_femnist_proven").values()) == 40
 
 
 def test_a_femnist_tg6_job_is_the_fixed_t_experiment_with_rounds_fixed():
