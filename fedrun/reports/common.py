@@ -277,8 +277,9 @@ class Report:
                        + (f", {unknown} do not record it" if unknown else "")
                        + f"; they come from {commits} commit{'' if commits == 1 else 's'} (tag git_commit).")
 
-    def coverage(self, expect: Sequence[Mapping[str, Any]], min_seeds: int = 3) -> str:
-        """How many of the expected cells have ≥ min_seeds / fewer / no runs (with the short list)."""
+    def coverage(self, expect: Sequence[Mapping[str, Any]]) -> str:
+        """How many of the expected cells have ≥ k seeds / fewer / no runs (with the short list); k: the most seeds
+        any of them has (at least 3), so a cell short of the sweep's seeds is listed."""
         cells: list[dict] = []
         for e in expect:
             names = [d for d in self.cell_dims if d in e]
@@ -286,6 +287,7 @@ class Report:
                 if dict(zip(names, combo)) not in cells:
                     cells.append(dict(zip(names, combo)))
         n = [(at, len(self.match(at))) for at in cells]
+        min_seeds = max([3] + [k for _, k in n])
         few = [x for x in n if 0 < x[1] < min_seeds] + [x for x in n if not x[1]]
         none = sum(not k for _, k in n)
         text = (f"Cells: {len(cells)} expected; {sum(k >= min_seeds for _, k in n)} with ≥ {min_seeds} seeds, "
