@@ -12,6 +12,7 @@ catches missing noise. Paper 000's setting (results/kerkouche21/audit.md):
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -21,10 +22,10 @@ from fedrun.run import run
 from fedrun.simulation import Privatizer
 
 
-def main(overrides: list[str]) -> None:
+def main(overrides: list[str]) -> dict[str, float]:
+    """Run the control; its summary (``audit_epsilon_lower`` against ``epsilon_final``)."""
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides + ["skip_finished=false"])
-    Privatizer.noise_multiplier = property(lambda self: 0.0)  # the test double: no noise, the same ε claimed
     tracker = _tracker(cfg)
     start = tracker.start
 
@@ -33,10 +34,16 @@ def main(overrides: list[str]) -> None:
               {**tags, "fedrun.config_hash": tags["fedrun.config_hash"] + "-negative-control"}, **kw)
 
     tracker.start = start_control
-    out = Path("outputs/audit_negative_control") / "_".join(o.replace("/", "-") for o in overrides)
-    summary = run(cfg, tracker=tracker, out_dir=out)
+    out = Path("outputs/audit_negative_control") / time.strftime("%Y-%m-%d_%H-%M-%S")   # as Hydra names a run's
+    noise = Privatizer.noise_multiplier
+    Privatizer.noise_multiplier = property(lambda self: 0.0)  # the test double: no noise, the same ε claimed
+    try:
+        summary = run(cfg, tracker=tracker, out_dir=out)
+    finally:
+        Privatizer.noise_multiplier = noise
     print(f"negative control: audit ε lower bound {summary['audit_epsilon_lower']:.3f} vs claimed "
           f"{summary['epsilon_final']:.3f}")
+    return summary
 
 
 if __name__ == "__main__":

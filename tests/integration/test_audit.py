@@ -43,6 +43,28 @@ def test_negative_control_without_noise_is_caught(fast_cfg, tmp_path, scheme, mo
     assert summary["epsilon_final"] <= 1.0 < summary["audit_epsilon_lower"]
 
 
+def test_the_negative_control_script_logs_a_marked_run_that_the_audit_catches(load_script, shared_data, tmp_path,
+                                                                              monkeypatch):
+    """scripts/audit_negative_control.py (the control at a real run's scale, for results/kerkouche21/audit.md): the
+    same test double, a run marked as the control (param, and a config hash no real run has), the noise put back."""
+    from mlflow.tracking import MlflowClient
+
+    from fedrun.simulation import Privatizer
+
+    monkeypatch.chdir(tmp_path)
+    noise = Privatizer.noise_multiplier
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    summary = load_script("audit_negative_control").main(
+        [*BASE, "scheme=fl_std", "local_steps=2", "batch_size=10", "local_mode=sgd", "lr=0.05", f"data_root={shared_data}",
+         "progress=off", f"tracking.uri={uri}", "tracking.experiment=control"])
+    assert summary["epsilon_final"] <= 1.0 < summary["audit_epsilon_lower"]
+    client = MlflowClient(uri)
+    (r,) = client.search_runs([client.get_experiment_by_name("control").experiment_id])
+    assert r.data.params["audit.negative_control"] == "True" and r.info.status == "FINISHED"
+    assert r.data.tags["fedrun.config_hash"].endswith("-negative-control")
+    assert Privatizer.noise_multiplier is noise
+
+
 def test_canaries_go_through_the_dp_sum_and_are_not_counted_as_uploads(fast_cfg):
     """Canary rows are clipped in the same DP sum as the clients' uploads; the ledger counts the clients' only."""
     sim = build(_plain(fast_cfg(*BASE, "scheme=fl_std"))).sim
