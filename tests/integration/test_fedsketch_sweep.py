@@ -55,7 +55,7 @@ def describe(c: dict) -> tuple:
 
 
 SIZES = [(20, 40), (50, 100)]
-SEEDS = (0, 1, 2)  # hydra.sweeper.params.seed of both figure experiments
+SEEDS = (0, 1, 2, 3, 4)  # hydra.sweeper.params.seed of both figure experiments
 
 
 @pytest.mark.parametrize("experiment,taus,gate", [
