@@ -62,6 +62,8 @@ def figures(root: Path) -> dict[Path, bytes]:
               dict(split="homogeneous", scheme="sketchedsgd", unsketch="topm", sketch="20", lr=1.0, tau=1),
               dict(split="homogeneous", scheme="sketchedsgd", unsketch="topm", sketch="50", lr=[1.0, 0.3], tau=1),
               dict(sketches, tau=[1, 2, 5]),
+              dict(sketches, unsketch="heaprix", sketch="20", lr=0.03, tau=1),   # a seed diverged at η = 0.1
+              dict(sketches, unsketch="privix", sketch="20", lr=0.03, tau=5),
               dict(split="heterogeneous", scheme="fedsgd", unsketch="none", sketch="none", lr=0.1, tau=[1, 5]),
               dict(split="heterogeneous", scheme="sketchedsgd", unsketch="topm", sketch=["20", "50"], lr=[1.0, 0.3],
                    tau=1),

@@ -92,17 +92,19 @@ def test_with_no_true_effect_a_decisive_verdict_comes_at_most_at_alpha():
     assert any_met <= stats.ALPHA / 2 + slack and tost <= stats.ALPHA / 2 + slack
 
 
-def test_a_second_look_at_4_seeds_costs_less_than_twice_alpha():
-    """Table III's seed 3 was added after the 3-seed verdicts (results/kerkouche21/table3.template.md): read at 3 or
-    at 4 seeds, whichever is decisive, a comparison with no true difference is decisive in ≈ 5.7 % (8,000 draws,
-    before Holm), at 4 seeds alone ≈ 4 %: above α at worst, below 2α."""
+@pytest.mark.parametrize("seeds", [4, 5])
+def test_a_second_look_costs_less_than_twice_alpha(seeds):
+    """Seeds added after the 3-seed verdicts, read again (Table III's seed 3: results/kerkouche21/table3.template.md;
+    FedSKETCH's seeds 3 and 4: results/fedsketch/figures.template.md): read at 3 or at the new count, whichever is
+    decisive, a comparison with no true difference is decisive in ≈ 5.7 % at 3-or-4 and ≈ 6.3 % at 3-or-5 (8,000
+    draws, before Holm), against ≈ 4 % at 4 or 5 seeds alone: above α at worst, below 2α."""
     n = 8000
-    x = np.random.default_rng(1).normal(0.0, 1.0, (n, 2, 4))
+    x = np.random.default_rng(1).normal(0.0, 1.0, (n, 2, seeds))
     d3 = np.array([_verdict(_ps(v[0, :3], v[1, :3])) is not None for v in x])
-    d4 = np.array([_verdict(_ps(v[0], v[1])) is not None for v in x])
-    print(f"no true effect: decisive at 4 seeds {d4.mean():.4f}, at 3 or 4 {(d3 | d4).mean():.4f}")
+    dk = np.array([_verdict(_ps(v[0], v[1])) is not None for v in x])
+    print(f"no true effect: decisive at {seeds} seeds {dk.mean():.4f}, at 3 or {seeds} {(d3 | dk).mean():.4f}")
     slack = 3 * math.sqrt(0.1 * 0.9 / n)
-    assert d4.mean() <= stats.ALPHA + slack and d4.mean() < (d3 | d4).mean() <= 2 * stats.ALPHA + slack
+    assert dk.mean() <= stats.ALPHA + slack and dk.mean() < (d3 | dk).mean() <= 2 * stats.ALPHA + slack
 
 
 def test_seeds_needed_grows_as_the_difference_shrinks():
