@@ -47,4 +47,11 @@ def main(overrides: list[str]) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from hydra.errors import HydraException
+
+    from fedrun.config import ConfigError
+
+    try:
+        main(sys.argv[1:])
+    except (ConfigError, HydraException) as exc:   # bad overrides: one line (the first of Hydra's message)
+        sys.exit(f"audit_negative_control: error: {str(exc).splitlines()[0]}")

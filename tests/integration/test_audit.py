@@ -86,3 +86,17 @@ def test_bad_audit_settings_are_one_line_errors(fast_cfg, extra, message):
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         prepare(_plain(fast_cfg(*BASE, "scheme=fl_std", *extra)))
+
+
+def test_the_negative_control_script_refuses_bad_overrides_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "audit_negative_control.py"
+    for bad, says in ((["nosuchkey=3"], "Could not override 'nosuchkey'"),
+                      (["dp=false", "audit.canaries=400", "tracking=none"], "audits client-level DP")):
+        out = subprocess.run([sys.executable, str(script), *bad], cwd=tmp_path, capture_output=True, text=True)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith("audit_negative_control: error: ")
+        assert says in lines[0]
