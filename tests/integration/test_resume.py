@@ -137,3 +137,17 @@ def test_divergence_stops_keeps_metrics_and_marks_failed(tmp_path, shared_data, 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path, shared_data, fedrun_in_process, monkeypatch):
     p = _in_process(fedrun_in_process, monkeypatch, shared_data, ARGS + ["resume=true", "tracking=none"])
     assert p.returncode == 2 and "no unfinished checkpoint of this configuration" in p.stderr
+
+
+def test_runs_started_in_the_same_second_get_their_own_run_folders():
+    """The run folder holds the checkpoint that resume reads: two runs started in one second from two shells once
+    shared Hydra's outputs/<date>/<H-M-S>/, and one crashed renaming the other's checkpoint.pt.tmp. Resolved back to
+    back (microseconds apart), two jobs' run and sweep folders now differ."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
+        a, b = (compose(config_name="config", return_hydra_config=True) for _ in range(2))
+    runs, sweeps = [c.hydra.run.dir for c in (a, b)], [c.hydra.sweep.dir for c in (a, b)]   # each job's "now"
+    assert runs[0] != runs[1] and sweeps[0] != sweeps[1]
+    assert runs[0].startswith("outputs/") and sweeps[0].startswith("multirun/")
