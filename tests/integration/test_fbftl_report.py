@@ -132,7 +132,7 @@ def test_the_report_names_the_sweeps_exports():
     for e in exports:
         exp = yaml.safe_load((REPO / "conf" / "experiment" / f"{e.experiment.replace('-', '_')}.yaml").read_text())
         assert exp["tracking"]["experiment"] == e.experiment and exp["skip_finished"] is True
-        assert exp["hydra"]["sweeper"]["params"] == {"seed": "0,1,2", "scheme": "fl,ftl_full,ftl_c,fbftl"}
+        assert exp["hydra"]["sweeper"]["params"] == {"seed": "0,1,2,3,4,5,6,7,8,9", "scheme": "fl,ftl_full,ftl_c,fbftl"}
 
 
 def test_fbftl_report_from_a_synthetic_export(tmp_path, capsys):
@@ -219,13 +219,14 @@ def test_the_sweep_settings_do_not_change_a_runs_config_hash():
 
 
 def test_the_tuned_sweeps_differ_from_the_fixed_lr_runs_only_by_the_lr_search():
-    """experiment=fbftl_tuned_<pair>: FbFTL only, 3 seeds, tracked in fbftl-tuned, and otherwise the FbFTL job of
+    """experiment=fbftl_tuned_<pair>: FbFTL only, 10 seeds, tracked in fbftl-tuned, and otherwise the FbFTL job of
     experiment=fbftl_<pair> with scheme.tune_lrs set: the report's tuned row compares like with like."""
     from conftest import compose as compose_job
 
     for pair in ("femnist_mnist", "mnist_fashion"):
         conf = OmegaConf.load(REPO / "conf" / "experiment" / f"fbftl_tuned_{pair}.yaml")
-        assert dict(OmegaConf.select(conf, "hydra.sweeper.params")) == {"seed": "0,1,2", "scheme": "fbftl"}
+        assert dict(OmegaConf.select(conf, "hydra.sweeper.params")) == {"seed": "0,1,2,3,4,5,6,7,8,9",
+                                                                         "scheme": "fbftl"}
         tuned = OmegaConf.to_container(compose_job([f"experiment=fbftl_tuned_{pair}", "scheme=fbftl", "seed=1"]),
                                        resolve=True)
         fixed = OmegaConf.to_container(compose_job([f"experiment=fbftl_{pair}", "scheme=fbftl", "seed=1"]),
