@@ -132,7 +132,8 @@ def test_the_report_names_the_sweeps_exports():
     for e in exports:
         exp = yaml.safe_load((REPO / "conf" / "experiment" / f"{e.experiment.replace('-', '_')}.yaml").read_text())
         assert exp["tracking"]["experiment"] == e.experiment and exp["skip_finished"] is True
-        assert exp["hydra"]["sweeper"]["params"] == {"seed": "0,1,2,3,4,5,6,7,8,9", "scheme": "fl,ftl_full,ftl_c,fbftl"}
+        assert exp["hydra"]["sweeper"]["params"] == {"seed": "0,1,2,3,4,5,6,7,8,9",
+                                                     "scheme": "fl,ftl_full,ftl_c,fbftl"}
 
 
 def test_fbftl_report_from_a_synthetic_export(tmp_path, capsys):

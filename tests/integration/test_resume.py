@@ -145,6 +145,7 @@ def test_runs_started_in_the_same_second_get_their_own_run_folders():
     back (microseconds apart), two jobs' run and sweep folders now differ."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
         a, b = (compose(config_name="config", return_hydra_config=True) for _ in range(2))
