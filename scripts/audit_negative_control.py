@@ -12,7 +12,7 @@ catches missing noise. Paper 000's setting (results/kerkouche21/audit.md):
 from __future__ import annotations
 
 import sys
-import time
+from datetime import datetime
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -34,7 +34,8 @@ def main(overrides: list[str]) -> dict[str, float]:
               {**tags, "fedrun.config_hash": tags["fedrun.config_hash"] + "-negative-control"}, **kw)
 
     tracker.start = start_control
-    out = Path("outputs/audit_negative_control") / time.strftime("%Y-%m-%d_%H-%M-%S")   # as Hydra names a run's
+    # named to the microsecond, as conf/config.yaml names runs: two controls started in one second get their own folders
+    out = Path("outputs/audit_negative_control") / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
     noise = Privatizer.noise_multiplier
     Privatizer.noise_multiplier = property(lambda self: 0.0)  # the test double: no noise, the same ε claimed
     try:
