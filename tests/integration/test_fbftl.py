@@ -26,6 +26,7 @@ from fedrun.data.dataset import Dataset
 from fedrun.run import build, run
 from fedrun.tracking import NullTracker
 from fedrun.transfer import server as srv
+from fedrun.transfer.source import weights_hash
 
 from conftest import compose
 from tolerance import assert_f32_close
@@ -142,6 +143,7 @@ def test_ftl_full_starts_from_the_source_extractor_and_trains_all(env):
     assert all(not torch.equal(start[n], end[n]) for n in start)  # every parameter trains
     assert m[-1]["uplink_bytes_total"] == ROUNDS * PER_ROUND * 4 * TOTAL
     assert 0 < m[0]["source_test_accuracy"] <= 1 and m[0]["source_cached"] in (0.0, 1.0)
+    assert built.sim.scheme.tags["transfer.source_sha256"] == weights_hash(src)  # the run names its source model
 
 
 @pytest.mark.parametrize("hold", [False, True])
