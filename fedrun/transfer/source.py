@@ -12,11 +12,13 @@ version). The file is written atomically (temporary file + ``os.replace``) under
 parallel sweep jobs train it once; it stores the key and the training settings, and a file whose key does
 not match is retrained. The device the source was trained on is recorded but not part of the key.
 
-Training runs in float64 and the weights are then rounded to the model's float32: SGD amplifies round-off, so in
-float32 the order in which kernels add up terms (the thread count, the CPU's vector width) changes the source
-model: FEMNIST's LeNet-5 (paper 003's configs) reached 0.7933 and 0.7924 test accuracy on two machines, and 0.7930
-with 1 thread and 0.8094 with 2 on a third. In float64 it reaches 0.7999 there with 1 and with 2 threads. ``info["sha256"]``, a hash of the weights, is
-logged with each run as the tag ``transfer.source_sha256`` (which source model the run used).
+The weights are the same only where the kernels add up terms in the same order: SGD amplifies round-off, so the
+thread count and the CPU's vector width change the source model, even in float64. From paper 003's configs,
+FEMNIST's LeNet-5 reached 0.7933 and 0.7924 test accuracy on two machines, and 0.7930 with 1 thread and 0.8094 with
+2 on a third; MNIST's, trained in float64, 0.9773 with 1 thread and 0.9835 with 2. A source model is therefore a
+random draw, not a fixed artefact: paper 003's configs draw one per seed (``source_seed: ${seed}``), so its spread
+is part of the seeds' spread instead of one shift shared by every run. ``info["sha256"]``, a hash of the weights,
+is logged with each run as the tag ``transfer.source_sha256`` (which source model the run used).
 
 ImageNet: ``source_dataset=imagenet`` (only with ``model=vgg16``) loads torchvision's VGG-16 ImageNet
 weights from the torch hub cache if a user has them (``$TORCH_HOME/hub/checkpoints``); fedrun never
@@ -47,7 +49,7 @@ from fedrun.transfer import split
 
 log = logging.getLogger("fedrun")
 
-FORMAT_VERSION = 2   # 2: trained in float64 (1: float32)
+FORMAT_VERSION = 1
 SOURCE_DATASETS = ("femnist", "mnist", "fashion_mnist", "imagenet")
 IMAGENET_MODELS = ("vgg16",)
 
@@ -151,12 +153,10 @@ def train_source(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: Sourc
     """Centralised mini-batch SGD (momentum, weight decay) of ``model`` on (x, y), in place.
 
     Batches come from a fresh permutation each epoch drawn from a generator seeded with ``spec.seed``; the
-    model's initial weights must already be set by the caller. Trains in float64 (the model's weights are rounded
-    back to their dtype at the end: see the module's docstring). Returns the final epoch's mean loss.
+    model's initial weights must already be set by the caller. Returns the final epoch's mean loss.
     """
     device = torch.device(device)
-    dtype = next(model.parameters()).dtype
-    model.to(device, torch.float64).train()
+    model.to(device).train()
     gen = torch.Generator().manual_seed(int(spec.seed))
     if spec.max_samples is not None and spec.max_samples < len(y):
         keep = torch.randperm(len(y), generator=gen)[: int(spec.max_samples)]
@@ -173,7 +173,7 @@ def train_source(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: Sourc
             total = 0.0
             for s in range(0, len(y), int(spec.batch_size)):
                 idx = order[s:s + int(spec.batch_size)]
-                xb, yb = x[idx].to(device, torch.float64), y[idx].to(device)
+                xb, yb = x[idx].to(device), y[idx].to(device)
                 loss = F.cross_entropy(model(xb), yb)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -189,7 +189,6 @@ def train_source(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: Sourc
                      spec.epochs, epoch_loss, time.perf_counter() - t0)
     finally:
         progress.close()
-        model.to(dtype)
     model.eval()
     return {"train_loss": epoch_loss, "train_seconds": time.perf_counter() - t0}
 

@@ -13,6 +13,7 @@ import random
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 from omegaconf import OmegaConf
 
@@ -217,6 +218,18 @@ def test_the_sweep_settings_do_not_change_a_runs_config_hash():
             job = [f"experiment={experiment}", f"scheme={scheme}", "seed=1"]
             before = _hash(job + ["skip_finished=false", "tracking.experiment=fbftl"])
             assert _hash(job) == _hash(job, with_hydra=True) == before
+
+
+@pytest.mark.parametrize("experiment", ["fbftl_femnist_mnist", "fbftl_mnist_fashion", "fbftl_tuned_femnist_mnist",
+                                        "fbftl_tuned_mnist_fashion"])
+def test_each_seed_draws_its_own_source_model(experiment):
+    """Source training is not reproducible bit for bit across machines and thread counts (fedrun/transfer/source.py):
+    one source model for every seed would shift every run of a transfer scheme alike; one per seed averages out."""
+    from conftest import compose as compose_job
+
+    for seed in (0, 7):
+        job = OmegaConf.to_container(compose_job([f"experiment={experiment}", f"seed={seed}"]), resolve=True)
+        assert job["scheme"]["source_seed"] == job["seed"] == seed
 
 
 def test_the_tuned_sweeps_differ_from_the_fixed_lr_runs_only_by_the_lr_search():
