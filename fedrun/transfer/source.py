@@ -14,11 +14,11 @@ not match is retrained. The device the source was trained on is recorded but not
 
 The weights are the same only where the kernels add up terms in the same order: SGD amplifies round-off, so the
 thread count and the CPU's vector width change the source model, even in float64. From paper 003's configs,
-FEMNIST's LeNet-5 reached 0.7933 and 0.7924 test accuracy on two machines, and 0.7930 with 1 thread and 0.8094 with
-2 on a third; MNIST's, trained in float64, 0.9773 with 1 thread and 0.9835 with 2. A source model is therefore a
-random draw, not a fixed artefact: paper 003's configs draw one per seed (``source_seed: ${seed}``), so its spread
-is part of the seeds' spread instead of one shift shared by every run. ``info["sha256"]``, a hash of the weights,
-is logged with each run as the tag ``transfer.source_sha256`` (which source model the run used).
+FEMNIST's LeNet-5 reached 0.7933 and 0.7924 test accuracy on two machines, and 0.7930 with 1 thread and 0.8094
+with 2 on a third; MNIST's (5 epochs), trained in float64, 0.9773 with 1 thread and 0.9835 with 2. A source model
+is therefore a random draw, not a fixed artefact: paper 003's configs draw one per seed (``source_seed: ${seed}``),
+so its spread is part of the seeds' spread instead of one shift shared by every run. ``info["sha256"]``, a hash of
+the weights, is logged with each run as the tag ``transfer.source_sha256`` (which source model the run used).
 
 ImageNet: ``source_dataset=imagenet`` (only with ``model=vgg16``) loads torchvision's VGG-16 ImageNet
 weights from the torch hub cache if a user has them (``$TORCH_HOME/hub/checkpoints``); fedrun never

@@ -39,7 +39,7 @@ def _run(i: int, experiment: str, scheme: str, seed: int, rng: random.Random, ro
     run = {"run_id": rid, "experiment": experiment, "run_name": f"{scheme}-{target}", "status": "FINISHED",
            "start_time": 1_800_000_000_000 + 60_000 * i, "end_time": 1_800_000_000_000 + 60_000 * i + 50_000,
            "params.scheme.name": scheme, "params.scheme.source_dataset": source, "params.dataset.name": target,
-           "params.seed": str(seed), "params.rounds": str(rounds), "params.num_clients": str(CLIENTS),
+           "params.seed": str(seed), "params.scheme.source_seed": str(seed), "params.rounds": str(rounds), "params.num_clients": str(CLIENTS),
            "params.scheme.clients_hold_source": "False", "params.model.name": "lenet5",
            "tags.scheme": scheme, "tags.dataset": target, "tags.model": "lenet5", "tags.dp": "off",
            "tags.fedrun.config_hash": f"{i:016x}", "tags.fedrun.num_parameters": str(HEAD if scheme != "fl" else FULL)}
@@ -99,10 +99,11 @@ def _synthetic_exports(root: Path) -> None:
                 runs.append(run)
                 points += pts
         if experiment == "fbftl-mnist-fashion":   # runs the report leaves out, each newer than the sweep's
-            for extra in (dict(rounds=2), dict(**{"params.scheme.tune_lrs": "[0.01, 0.1]"}), dict(status="FAILED")):
+            for extra in (dict(rounds=2), dict(**{"params.scheme.tune_lrs": "[0.01, 0.1]"}), dict(status="FAILED"),
+                          dict(seed=1, **{"params.scheme.source_seed": "0"})):   # a source model shared by all seeds
                 i += 1
-                status = extra.pop("status", "FINISHED")
-                run, pts = _run(i, experiment, "fbftl", 0, rng, **extra)
+                status, seed = extra.pop("status", "FINISHED"), extra.pop("seed", 0)
+                run, pts = _run(i, experiment, "fbftl", seed, rng, **extra)
                 run["status"] = status
                 run["metrics.test_accuracy"] = 0.1               # would break the FbFTL = FTL-c verdict if kept
                 runs.append(run)
@@ -142,9 +143,10 @@ def test_fbftl_report_from_a_synthetic_export(tmp_path, capsys):
     assert main(["fbftl", "--root", str(root)]) == 0
     md = (root / "results" / "fbftl" / "table.md").read_text()
     assert (root / "results" / "fbftl" / "table_accuracy.svg").read_bytes().startswith(b"<?xml")
-    assert ("Runs: 27 in the exports `results/fbftl/runs/fbftl-femnist-mnist.runs.csv.gz`, "
-            "`results/fbftl/runs/fbftl-mnist-fashion.runs.csv.gz`; 24 in the tables (left out: 2 not matching "
-            "status = FINISHED, params.scheme.tune_lrs = None/, params.scheme.clients_hold_source = False/; "
+    assert ("Runs: 28 in the exports `results/fbftl/runs/fbftl-femnist-mnist.runs.csv.gz`, "
+            "`results/fbftl/runs/fbftl-mnist-fashion.runs.csv.gz`; 24 in the tables (left out: 3 not matching "
+            "status = FINISHED, params.scheme.tune_lrs = None/, source_model = per seed, "
+            "params.scheme.clients_hold_source = False/; "
             "1 outside the spec's rounds values)") in md
     assert "Cells: 10 expected; 8 with ≥ 3 seeds, 0 with 1–2, 2 without runs." in md   # no 1,200-round FTL-c here
     assert "### target MNIST" in md and "### target Fashion-MNIST" in md
