@@ -39,7 +39,8 @@ def _run(i: int, experiment: str, scheme: str, seed: int, rng: random.Random, ro
     run = {"run_id": rid, "experiment": experiment, "run_name": f"{scheme}-{target}", "status": "FINISHED",
            "start_time": 1_800_000_000_000 + 60_000 * i, "end_time": 1_800_000_000_000 + 60_000 * i + 50_000,
            "params.scheme.name": scheme, "params.scheme.source_dataset": source, "params.dataset.name": target,
-           "params.seed": str(seed), "params.scheme.source_seed": str(seed), "params.rounds": str(rounds), "params.num_clients": str(CLIENTS),
+           "params.seed": str(seed), "params.scheme.source_seed": str(seed), "params.rounds": str(rounds),
+           "params.num_clients": str(CLIENTS),
            "params.scheme.clients_hold_source": "False", "params.model.name": "lenet5",
            "tags.scheme": scheme, "tags.dataset": target, "tags.model": "lenet5", "tags.dp": "off",
            "tags.fedrun.config_hash": f"{i:016x}", "tags.fedrun.num_parameters": str(HEAD if scheme != "fl" else FULL)}
