@@ -12,13 +12,11 @@ version). The file is written atomically (temporary file + ``os.replace``) under
 parallel sweep jobs train it once; it stores the key and the training settings, and a file whose key does
 not match is retrained. The device the source was trained on is recorded but not part of the key.
 
-The weights are the same only where the kernels add up terms in the same order: SGD amplifies round-off, so the
-thread count and the CPU's vector width change the source model, even in float64. From paper 003's configs,
-FEMNIST's LeNet-5 reached 0.7933 and 0.7924 test accuracy on two machines, and 0.7930 with 1 thread and 0.8094
-with 2 on a third; MNIST's (5 epochs), trained in float64, 0.9773 with 1 thread and 0.9835 with 2. A source model
-is therefore a random draw, not a fixed artefact: paper 003's configs draw one per seed (``source_seed: ${seed}``),
-so its spread is part of the seeds' spread instead of one shift shared by every run. ``info["sha256"]``, a hash of
-the weights, is logged with each run as the tag ``transfer.source_sha256`` (which source model the run used).
+The weights are the same only where kernels add up terms in the same order: SGD amplifies round-off, so the thread
+count and the CPU change the source model, even in float64 (FEMNIST's LeNet-5: 0.7930 test accuracy with 1 thread,
+0.8094 with 2, 0.7933 and 0.7924 on two other machines; MNIST's in float64: 0.9773 and 0.9835). A source model is a
+random draw, so paper 003's configs draw one per seed (``source_seed: ${seed}``) and each run tags the sha256 of its
+weights (``transfer.source_sha256``).
 
 ImageNet: ``source_dataset=imagenet`` (only with ``model=vgg16``) loads torchvision's VGG-16 ImageNet
 weights from the torch hub cache if a user has them (``$TORCH_HOME/hub/checkpoints``); fedrun never
@@ -285,7 +283,6 @@ def load_or_train(spec: SourceSpec, make_model, *, data_root: str | None = None,
         info = {**stats, "num_classes": num_classes, "spec": asdict(spec), "device": str(device),
                 "torch": str(torch.__version__)}
         state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-        info["sha256"] = weights_hash(state)
         _atomic_save({"key": key, "state_dict": state, "info": info}, path)
         return SourceModel(state, key, path, False, info)
 
@@ -318,7 +315,7 @@ def prepare_model(scheme, model: torch.nn.Module, name: str, dataset, data_root,
         facts["source_info"] = {"source_test_accuracy": float(src.info.get("test_accuracy", math.nan)),
                                 "source_train_seconds": float(src.info.get("train_seconds", math.nan)),
                                 "source_cached": float(src.cached)}
-        scheme.tags["transfer.source_sha256"] = src.info.get("sha256") or weights_hash(src.state_dict)
+        scheme.tags["transfer.source_sha256"] = weights_hash(src.state_dict)
     return (set(f2) if scheme.train_head_only else None), facts
 
 
