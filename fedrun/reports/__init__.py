@@ -61,24 +61,22 @@ def report_files(name: str, root: str | Path | None = None) -> dict[Path, bytes]
     if name not in REPORTS:
         raise ValueError(f"no report {name!r}; reports: {', '.join(REPORTS)}")
     root = Path(root or default_root())
-    token = common.FAMILY.set({o: raw_p(o, root) for f in FAMILIES if name in f for o in f if o != name})
+    common.FAMILY = None                # while the family's other reports give their raw p-values
     try:
+        common.FAMILY = {o: raw_p(o, root) for f in FAMILIES if name in f for o in f if o != name}
         return REPORTS[name][0](root)
     finally:
-        common.FAMILY.reset(token)
+        common.FAMILY = {}
 
 
 def raw_p(name: str, root: Path) -> list[float]:
     """The p-values of report ``name``'s tested claims before any correction (none when its exports are missing)."""
-    token = common.FAMILY.set(None)
     try:
         REPORTS[name][0](root)
     except common.Collected as c:
         return c.args[0]
     except ExportError:                 # e.g. a repository with one paper's exports only
         pass
-    finally:
-        common.FAMILY.reset(token)
     return []
 
 

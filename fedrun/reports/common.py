@@ -3,7 +3,6 @@ tables, claims, figures, and the report's files (:meth:`Report.files`)."""
 
 from __future__ import annotations
 
-import contextvars
 import csv
 import io
 import itertools
@@ -22,7 +21,7 @@ from fedrun.reports import stats
 MARKS = ("†", "‡", "§", "¶", "‖", "#")
 #: while fedrun.reports builds a report: {other report of its family: the raw p-values of its tested claims}; None:
 #: only collect this report's own (:meth:`Report.verdicts` raises :class:`Collected`, :meth:`Report.curves` draws none)
-FAMILY: contextvars.ContextVar = contextvars.ContextVar("family", default={})
+FAMILY: dict[str, list[float]] | None = {}
 MET, NOT_MET, OPEN = "met", "not met", "inconclusive"
 README = "README.md"
 
@@ -403,7 +402,7 @@ class Report:
     def verdicts(self, claims: Sequence[Claim]) -> list[tuple[str, str]]:
         """(verdict, the numbers behind it) per claim, the tested ones decided at α after Holm over the family: these
         claims and those of the other reports in :data:`FAMILY` (a paper's reports are one family)."""
-        tests, others = [self.test(c) for c in claims], FAMILY.get()
+        tests, others = [self.test(c) for c in claims], FAMILY
         tested = [t for t in tests if "p" in t]
         if others is None:
             raise Collected([t["p"] for t in tested])
@@ -453,7 +452,7 @@ class Report:
                ylabel: str = "test accuracy", xlabel: str = "round", yscale: str = "linear") -> dict[str, bytes]:
         """{file: a figure}: per panel (every combination of the ``panels`` dims with runs), one line per
         combination of the ``lines`` dims: the mean (± std) of ``series`` per step. ``color``/``style``: (dim, map)."""
-        if FAMILY.get() is None:
+        if FAMILY is None:
             return {}
         values = [self.present(d, where) for d in panels]
         out = []
