@@ -45,10 +45,7 @@ def fmt(x: Any, spec: str = "{:.3f}") -> str:
         return "–"
     if isinstance(x, float) and math.isinf(x):
         return "∞" if x > 0 else "−∞"
-    try:
-        return spec.format(x)
-    except (ValueError, TypeError):
-        return str(x)
+    return spec.format(x)
 
 
 def finite(values: Iterable[Any]) -> list[float]:
