@@ -18,6 +18,8 @@ Both are pure tensor math; they know nothing about schemes or tracking.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -88,7 +90,8 @@ class WeightedSum(FieldSum):
 
 
 class ClientLevelDPSum(FieldSum):
-    """Clip each row to ``clipping_norm``, sum, add N(0, σ²S²), divide by ``expected_clients``."""
+    """Clip each row to ``clipping_norm``, sum, add N(0, σ²S²), divide by ``expected_clients``. In a ``field`` each row
+    is clipped to S − √dim·0.5/scale instead, so that after rounding to the field's grid its norm is still ≤ S."""
 
     def __init__(self, dim: int, clipping_norm: float, noise_multiplier: float, expected_clients: float,
                  generator: torch.Generator, device: torch.device | str, dtype: torch.dtype = torch.float32,
@@ -104,16 +107,21 @@ class ClientLevelDPSum(FieldSum):
         self.expected_clients = float(expected_clients)
         self.generator = generator
         super().__init__(dim, device, field, dtype)
+        # in a field each coordinate is rounded to the grid (≤ 0.5/scale): clip so the rounded row's norm is ≤ S too
+        self.row_clip = self.clipping_norm - (0.5 * math.sqrt(dim) / field.scale if field is not None else 0.0)
+        if not self.row_clip > 0:
+            raise ValueError(f"secagg's field rounds each of {dim} coordinates by up to {0.5 / field.scale:.3g}, "
+                             f"more than clipping_norm={clipping_norm} in norm: give secagg.bits more bits")
         self.dtype = dtype
         self.clipped = 0
         self.seen = 0
         self.norm_sum = 0.0
 
     def add(self, rows: torch.Tensor) -> None:
-        clipped, norms = clip_rows(rows, self.clipping_norm)
+        clipped, norms = clip_rows(rows, self.row_clip)
         self.add_rows(clipped)
         self.seen += rows.shape[0]
-        self.clipped += int((norms > self.clipping_norm).sum())
+        self.clipped += int((norms > self.row_clip).sum())
         self.norm_sum += float(norms.sum())
 
     def finish(self) -> torch.Tensor:

@@ -78,11 +78,13 @@ def main(cfg: DictConfig) -> float | None:
     from fedrun.config import ConfigError
     from fedrun.data.dataset import DataIntegrityError, DataNotFoundError
     from fedrun.run import RunDiverged, RunInterrupted, run
+    from fedrun.simulation import SchemeContractError
 
     try:
         tracker = _tracker(cfg)
         summary = run(cfg, tracker=tracker, out_dir=_output_dir())
-    except (ConfigError, DataNotFoundError, DataIntegrityError, ConnectionError, RunDiverged) as exc:
+    except (ConfigError, DataNotFoundError, DataIntegrityError, ConnectionError, RunDiverged,
+            SchemeContractError) as exc:
         print(f"fedrun: error: {exc}", file=sys.stderr)
         if _multirun():  # Hydra marks the job failed, runs the sweep's other jobs, then exits with status 1
             raise JobFailed(f"fedrun: error: {exc}") from None

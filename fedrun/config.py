@@ -337,6 +337,31 @@ def resolve_defaults(c: dict[str, Any], scheme_cls: type, model_table: Mapping[s
 
 
 SECAGG = ("none", "secagg", "secagg_plus")
+
+
+def check_secagg_codec(secagg: str, scheme: str, codec: Any) -> None:
+    """SecAgg sums the uploads in a finite field: the codec must be linear and ask for no second exchange (its exact
+    values would be summed outside the field). ``codec`` is the scheme's instance where one can be made (a scheme
+    may set these facts in its constructor: HEAPRIX-exact sets ``queries``), else its class."""
+    linear, queries = getattr(codec, "linear", True), getattr(codec, "queries", False)
+    if linear and not queries:
+        return
+    why = ("its encoding is not linear" if not linear else "it asks for a second exchange, whose exact values "
+           "would be summed outside the field")
+    hint = " (or scheme.heavy_values=sketch)" if getattr(codec, "heavy_values", None) == "exact" else ""
+    raise ConfigError(f"secagg={secagg} sums uploads in a finite field, so the encoding must be linear with no "
+                      f"second exchange; scheme={scheme}: {why}; use secagg=none{hint}")
+
+
+def _scheme_instance(c: Mapping[str, Any]) -> Any:
+    """The scheme node instantiated (a constructor only: cheap, no data), or None when it cannot be (the run's own
+    instantiation reports why)."""
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate({k: v for k, v in c.get("scheme", {}).items() if k != "name"})
+    except Exception:  # noqa: BLE001 - hydra wraps the constructor's errors in its own types
+        return None
 OVER_SELECTING_SAMPLERS = ("PoissonSampler", "UniformSampler", "CappedPoissonSampler")
 
 
@@ -357,10 +382,8 @@ def resolve_deployment(c: dict[str, Any], scheme_cls: type) -> None:
                               f"uploaded once, then server training) is not the federated round; use {group}=none")
     if sec.get("name") != "none":
         name = sec["name"]
-        if not getattr(scheme_cls, "linear", True) or getattr(scheme_cls, "queries", False):
-            why = "its encoding is not linear" if not scheme_cls.linear else "its second exchange is not a sum"
-            raise ConfigError(f"secagg={name} sums uploads in a finite field, so the encoding must be linear; "
-                              f"scheme={scheme}: {why}; use secagg=none")
+        codec = _scheme_instance(c)
+        check_secagg_codec(name, scheme, scheme_cls if codec is None else codec)
         bits = sec.get("bits")
         if isinstance(bits, bool) or not isinstance(bits, int) or not 8 <= bits <= 62:
             raise ConfigError(f"secagg.bits={bits!r} is not allowed; use an integer in [8, 62]")

@@ -3,7 +3,9 @@
 ``dp=local_laplace`` / ``dp=local_gaussian``: every engaged client, after its E full-batch gradient steps
 with per-sample gradients clipped to ζ (``local_clip``), adds noise to the model it uploads. The server
 knows the model it broadcast, so noise on the uploaded model is the same noise on the uploaded update:
-:meth:`LocalDP.privatize` adds it to each client's transmitted vector (the update) before aggregation.
+:meth:`LocalDP.privatize` adds it to each client's update — the vector the sensitivity below is stated for — before
+the scheme's codec encodes it, so whatever the codec does after (scale, compress, decode) is post-processing.
+Only schemes that declare ``local`` in ``dp_modes`` take it.
 
 Noise scales (``fedrun.privacy.local``, derivation in its docstring): client l, n_l samples, T_l
 participations over the run, η = ``lr``, E = ``local_steps``, ζ = ``local_clip``:

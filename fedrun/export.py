@@ -2,7 +2,10 @@
 
 ``<out>/<name>.runs.csv.gz``: one row per run. Columns: ``run_id``, ``experiment``, ``run_name``, ``status``,
 ``start_time``, ``end_time`` (ms since the epoch), then every ``params.*``, the kept ``tags.*``
-(:func:`kept_tag`) and ``metrics.*`` (each metric's latest value, its MLflow name), columns sorted by name.
+(:func:`kept_tag`) and ``metrics.*`` (each metric's latest value, its MLflow name), columns sorted by name. A run
+with DP keeps its marks: the metrics ε does not cover under their MLflow names ``metrics.nonprivate/…`` and the
+tag ``tags.dp.not_covered_by_epsilon`` (their fedrun names); :func:`load` gives them their fedrun names, the tag
+stays in the record (exports made before the mark read as before).
 
 ``<out>/<name>.metrics.csv.gz``: ``run_id, key, step, value``: every logged point of every metric (MLflow
 names, ``step`` = round), or a thinned history: only the ``--metrics`` names (:func:`keep_metric`), only
@@ -64,8 +67,12 @@ def kept_tag(key: str) -> bool:
 
 def keep_metric(key: str, patterns: Sequence[str] | None) -> bool:
     """Is ``key`` (an MLflow metric name) in the per-round file? All when ``patterns`` is None, else those
-    matching one of the glob patterns (``test_*``, ``dp/*``)."""
-    return patterns is None or any(fnmatch.fnmatchcase(key, p) for p in patterns)
+    matching one of the glob patterns (``test_*``, ``dp/*``); a DP run's metric that ε does not cover
+    (``nonprivate/train_loss``) matches by its name with or without the mark."""
+    from fedrun.metric_names import NOT_COVERED
+
+    keys = (key, key.removeprefix(NOT_COVERED))
+    return patterns is None or any(fnmatch.fnmatchcase(k, p) for p in patterns for k in keys)
 
 
 def thin(points: Iterable[tuple[str, str, int, float]], every: int | None) -> list[tuple[str, str, int, float]]:

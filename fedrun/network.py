@@ -5,9 +5,15 @@ latency (s) and compute speed (FLOP/s), the probability that a selected client c
 (``availability``), an optional round ``deadline_s`` and an ``over_selection`` factor, which the caller applies
 (select ⌈over_selection·K⌉ clients, keep the first K that complete); ``round_timing`` does not read it.
 
-Latency is a round-trip time (RTT, what Ookla's Speedtest reports as latency), charged once per message exchange:
-the model download is one exchange (request → model), the upload another (update → acknowledgement); a protocol
-with more exchanges (e.g. secure aggregation's key agreement and unmasking) pays (exchanges − 2) more RTTs.
+Latency is a round-trip time (RTT, what Ookla's Speedtest reports as latency), charged ``rtt_per_exchange`` times
+per message exchange (default 1): the model download is one exchange (request → model), the upload another
+(update → acknowledgement); a protocol with more exchanges pays (exchanges − 2) more, and a caller may add RTTs of
+its own (``extra_rtt``: secure aggregation's rounds, ``secagg_rtt_per_round`` each). ``connect_rtt`` RTTs open each
+selected client's connection before its download (default 0: the device checked in, over an open stream, before it
+was selected). The server is one machine of ``server_flops_per_s`` (a number, not a distribution); the caller
+charges it the scheme's modelled server FLOPs (:meth:`fedrun.schemes.base.Scheme.server_flops`).
+``secagg_agreement_flops`` and ``secagg_prg_flops`` price SecAgg's cryptography in FLOP-equivalents (the work of
+that many FLOPs at the device's rated speed) per key agreement and per mask coordinate (:mod:`fedrun.deployment`).
 
 Randomness comes only from ``fedrun.rng.numpy_rng`` streams keyed by (seed, purpose[, field | round]); values are
 read off a stream in client-id order, so client i's draws depend on (seed, i) alone — not on how many clients
@@ -40,7 +46,11 @@ from fedrun.rng import numpy_rng
 _FIELDS = ("uplink_bps", "downlink_bps", "latency_s", "flops_per_s")
 #: the run summary's targets (time_to_accuracy_s, time_to_epsilon_s) ride in the same config group; not the profile's
 TARGETS = ("target_accuracy", "target_epsilon")
-_KEYS = ("name", *_FIELDS, "availability", "deadline_s", "over_selection", "trace", *TARGETS)
+#: the conventions and costs beside the distributions: scalars, with their defaults where a profile leaves them out
+#: (server_flops_per_s has none: a profile must state its server's speed)
+_SCALARS = {"server_flops_per_s": None, "rtt_per_exchange": 1.0, "connect_rtt": 0.0, "secagg_rtt_per_round": 2.0,
+            "secagg_agreement_flops": 0.0, "secagg_prg_flops": 0.0}
+_KEYS = ("name", *_FIELDS, "availability", "deadline_s", "over_selection", "trace", *_SCALARS, *TARGETS)
 _DISTS = {"lognormal": ("median", "sigma"), "uniform": ("low", "high"), "constant": ("value",)}
 
 
@@ -104,6 +114,12 @@ class Profile:
     deadline_s: float | None = None
     over_selection: float = 1.0
     trace: str | None = None
+    server_flops_per_s: float = 1e12  # from_config requires it; this default serves direct construction only
+    rtt_per_exchange: float = 1.0  # RTTs per message exchange (request → response)
+    connect_rtt: float = 0.0  # RTTs to open a selected client's connection, once per round
+    secagg_rtt_per_round: float = 2.0  # RTTs per SecAgg protocol round (AdvertiseKeys, ShareKeys, Unmasking)
+    secagg_agreement_flops: float = 0.0  # FLOP-equivalents of one key agreement (ECDH)
+    secagg_prg_flops: float = 0.0  # FLOP-equivalents of one PRG-expanded mask coordinate
 
     @classmethod
     def from_config(cls, cfg: Mapping) -> Profile | None:
@@ -129,8 +145,12 @@ class Profile:
         deadline, over = cfg.get("deadline_s"), _num("over_selection", cfg.get("over_selection", 1.0), 1.0)
         deadline = None if deadline is None else _num("deadline_s", deadline, 0.0, strict=True)
         specs = {k: None if cfg.get(k) is None else _spec(k, cfg[k]) for k in _FIELDS}
+        if cfg.get("server_flops_per_s") is None:
+            raise ValueError("network.server_flops_per_s: missing; a profile needs its server's speed in FLOP/s (> 0)")
+        scalars = {k: _num(k, cfg.get(k, default), 0.0, strict=k == "server_flops_per_s")
+                   for k, default in _SCALARS.items()}  # speeds > 0; RTT counts and crypto costs >= 0 (0: none)
         return cls(cfg["name"], **specs, availability=availability, deadline_s=deadline, over_selection=over,
-                   trace=trace)
+                   trace=trace, **scalars)
 
 
 def _load_trace(path: str) -> tuple[np.ndarray, np.ndarray]:
@@ -182,13 +202,14 @@ class RoundTiming:
 
 def round_timing(devices: Devices, profile: Profile, clients: np.ndarray, rnd: int, seed: int, *, down_bytes: float,
                  up_bytes: float, flops: np.ndarray | float, exchanges: int = 2, extra_up_bytes: float = 0.0,
-                 extra_down_bytes: float = 0.0) -> RoundTiming:
-    """Per-client times of one round, for the selected client ids ``clients``. With L the client's RTT:
+                 extra_down_bytes: float = 0.0, extra_rtt: float = 0.0) -> RoundTiming:
+    """Per-client times of one round, for the selected client ids ``clients``. With L the client's RTT, e the
+    profile's ``rtt_per_exchange`` and c its ``connect_rtt``:
 
-        download_s = L + 8·(down_bytes + extra_down_bytes) / down_bps
-        compute_s  = flops / flops_per_s          (flops: this client's training FLOPs this round)
-        upload_s   = L + 8·(up_bytes + extra_up_bytes) / up_bps
-        total_s    = download_s + compute_s + upload_s + (exchanges − 2)·L
+        download_s = (c + e)·L + 8·(down_bytes + extra_down_bytes) / down_bps
+        compute_s  = flops / flops_per_s          (flops: this client's training FLOPs this round, and any more work)
+        upload_s   = e·L + 8·(up_bytes + extra_up_bytes) / up_bps
+        total_s    = download_s + compute_s + upload_s + ((exchanges − 2)·e + extra_rtt)·L
 
     A client drops out (is not available) when u ≥ availability, u ~ U[0, 1) read at its id from
     numpy_rng(seed, "network_dropout", rnd); its times are still reported but do not set duration_s.
@@ -198,11 +219,11 @@ def round_timing(devices: Devices, profile: Profile, clients: np.ndarray, rnd: i
         raise ValueError(f"exchanges = {exchanges!r}: an integer >= 2 (download and upload)")
     if c.size and (c.min() < 0 or c.max() >= devices.num_clients):
         raise ValueError(f"client ids must lie in [0, {devices.num_clients}); got {c.min()}..{c.max()}")
-    lat = devices.latency_s[c]
-    download = lat + 8.0 * (down_bytes + extra_down_bytes) / devices.down_bps[c]
+    lat, e = devices.latency_s[c], profile.rtt_per_exchange
+    download = (profile.connect_rtt + e) * lat + 8.0 * (down_bytes + extra_down_bytes) / devices.down_bps[c]
     compute = np.broadcast_to(np.asarray(flops, dtype=np.float64), c.shape) / devices.flops_per_s[c]
-    upload = lat + 8.0 * (up_bytes + extra_up_bytes) / devices.up_bps[c]
-    total = download + compute + upload + (exchanges - 2) * lat
+    upload = e * lat + 8.0 * (up_bytes + extra_up_bytes) / devices.up_bps[c]
+    total = download + compute + upload + ((exchanges - 2) * e + float(extra_rtt)) * lat
     u = numpy_rng(seed, "network_dropout", int(rnd)).random(int(c.max()) + 1 if c.size else 0)[c]
     completed = u < profile.availability
     late = completed & (total > profile.deadline_s) if profile.deadline_s is not None else np.zeros_like(completed)

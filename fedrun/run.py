@@ -21,8 +21,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fedrun.comm import paper_cost_bits
-from fedrun.config import (ConfigError, RunConfig, check_partition, resolve_defaults, resolve_rounds, typed, validate,
-                           validate_types)
+from fedrun.config import (ConfigError, RunConfig, check_partition, check_secagg_codec, resolve_defaults,
+                           resolve_rounds, typed, validate, validate_types)
 from fedrun.data import partition as partitioners
 from fedrun.data.sources import load_dataset
 from fedrun.models.flat import FlatParams
@@ -111,12 +111,15 @@ def make_model(name: str, dataset) -> tuple[torch.nn.Module, str]:
     return build_model(name, num_classes=int(dataset.num_classes)), name
 
 
-def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0) -> ClientDP:
+def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0, report_goal: int | None = None) -> ClientDP:
     """Client-level DP for the sampler's cohorts: Poisson (add/remove-one, RDP or PLD), fixed-size k of N without
     replacement (``sampler=uniform``: replace-one, RDP; the sum divided by k) or Poisson capped at a cohort size
     (``sampler=poisson_capped``: add/remove-one, PLD). σ calibrated to ``epsilon`` or given; logs the ε report.
     ``sampler`` is the one that draws the cohorts (over-selected, if it is): its q is what the accountant uses, while
-    the sum's denominator stays the target cohort (÷ ``over_selection``; :mod:`fedrun.deployment`)."""
+    the sum's denominator stays the target cohort (÷ ``over_selection``; :mod:`fedrun.deployment`). With a
+    ``report_goal`` (the round closes once that many have reported) an added client can push out a kept one, so
+    add/remove-one moves the sum by up to 2S: σ is calibrated and accounted for that sensitivity
+    (``ClientDP.add_remove_sensitivity``)."""
     from fedrun.privacy.accounting import calibrate_noise_multiplier, check_sampling_accountant, compute_epsilon
 
     sampling, n = sampler.dp_sampling, sampler.num_clients
@@ -136,6 +139,8 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0) -> Clie
         cohort = {"sampling": sampling, "num_clients": n, "cohort_size": sampler.max_clients}
         denominator = sampler.expected_clients  # E[min(Binomial(N, q), cap)]: the sum ÷ it is unbiased
     denominator /= float(over_selection)
+    # a report goal lets an added client displace a kept one: 2S under add/remove (replace-one already charges 2S)
+    sens = 2.0 if report_goal is not None and sampling != "fixed_size" else 1.0
     delta, acct, rounds = float(cfg.delta), cfg.accountant, cfg.rounds
     eps, sigma = cfg.epsilon, cfg.noise_multiplier
     try:
@@ -143,9 +148,9 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0) -> Clie
         if eps is not None and math.isinf(float(eps)):
             raise ConfigError("dp=true with epsilon=inf adds no noise; use dp=false for the non-private run")
         if sigma is None:
-            sigma = calibrate_noise_multiplier(float(eps), q, rounds, delta, acct, **cohort)
+            sigma = sens * calibrate_noise_multiplier(float(eps), q, rounds, delta, acct, **cohort)
         elif eps is not None:
-            reached = compute_epsilon(float(sigma), q, rounds, delta, acct, **cohort)
+            reached = compute_epsilon(float(sigma) / sens, q, rounds, delta, acct, **cohort)
             if reached > float(eps) * (1 + 1e-9):
                 raise ConfigError(f"noise_multiplier={sigma} and epsilon={eps} disagree: σ={sigma} gives "
                                   f"ε={reached:.4g} after {rounds} rounds (q={q}, δ={delta}); give only one")
@@ -156,8 +161,8 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0) -> Clie
     dp = ClientDP(clipping_norm=float(cfg.clipping_norm), noise_multiplier=float(sigma),
                   sampling_probability=float(q), expected_clients=denominator, delta=delta,
                   accountant=str(acct), sampling=sampling, num_clients=n,
-                  cohort_size=cohort.get("cohort_size"))
-    if float(sigma) > 0:
+                  cohort_size=cohort.get("cohort_size"), add_remove_sensitivity=sens)
+    if float(sigma) > 0 and log.isEnabledFor(logging.INFO):  # the report costs an accountant call or two
         log.info(epsilon_report(dp, rounds))
     return dp
 
@@ -170,8 +175,8 @@ def privacy_report(c: dict) -> str:
         return f"dp: {cfg.dp} (no client-level accountant)"
     if cfg.num_clients is None:
         return "dp: ε is reported when the run starts (num_clients=null: the dataset's own clients, known once loaded)"
-    _, sampler, factor, _ = make_sampler(cfg, cfg.num_clients)
-    return epsilon_report(make_client_dp(cfg, sampler, factor), cfg.rounds, compare=True)
+    _, sampler, factor, goal = make_sampler(cfg, cfg.num_clients)
+    return epsilon_report(make_client_dp(cfg, sampler, factor, goal), cfg.rounds, compare=True)
 
 
 def epsilon_report(dp: ClientDP, rounds: int, compare: bool = False) -> str:
@@ -180,21 +185,25 @@ def epsilon_report(dp: ClientDP, rounds: int, compare: bool = False) -> str:
     Both from the accountants the run uses (``compute_epsilon``); one PLD composition at most per number."""
     from fedrun.privacy.accounting import NEIGHBOURING_RELATIONS, compute_epsilon
 
-    sigma, q, n, delta, acct = dp.noise_multiplier, dp.sampling_probability, dp.num_clients, dp.delta, dp.accountant
+    sigma, q, n, delta, acct = dp.charged_noise_multiplier, dp.sampling_probability, dp.num_clients, dp.delta, \
+        dp.accountant
     cohort = {} if dp.sampling == "poisson" else {"sampling": dp.sampling, "num_clients": n,
                                                   "cohort_size": dp.cohort_size}
     eps = compute_epsilon(sigma, q, rounds, delta, acct, **cohort)
     how = {"poisson": f"Poisson q = {q:.4g} per round",
            "fixed_size": f"fixed-size {dp.cohort_size} of {n} per round",
            "capped_poisson": f"Poisson q = {q:.4g} capped at {dp.cohort_size} of {n} per round"}[dp.sampling]
-    relation = NEIGHBOURING_RELATIONS[dp.sampling] + (", sensitivity 2S" if dp.sampling == "fixed_size" else "")
+    goal = dp.add_remove_sensitivity != 1 and dp.sampling != "fixed_size"
+    relation = NEIGHBOURING_RELATIONS[dp.sampling] + (
+        ", sensitivity 2S" if dp.sampling == "fixed_size" or goal else "") + (
+        ": a report goal lets an added client push out a kept one" if goal else "")
     line = (f"dp: {how}, {acct.upper()} ({relation}): ε = {eps:.4g} after {rounds} rounds "
-            f"(σ = {sigma:.4g}, δ = {delta:g})")
+            f"(σ = {dp.noise_multiplier:.4g}, δ = {delta:g})")
     if dp.sampling == "poisson":
         if not compare:
             return line
         k = max(1, round(q * n))  # the same expected cohort, drawn as k of N without replacement
-        fixed = compute_epsilon(sigma, k / n, rounds, delta, "rdp", sampling="fixed_size", num_clients=n,
+        fixed = compute_epsilon(dp.noise_multiplier, k / n, rounds, delta, "rdp", sampling="fixed_size", num_clients=n,
                                 cohort_size=k)
         return (f"{line}; a fixed-size cohort of {k} of {n} (sampler=uniform) would give ε = {fixed:.4g} "
                 f"(RDP, replace-one, sensitivity 2S)")
@@ -219,12 +228,22 @@ def make_sampler(cfg: RunConfig, num_clients: int):
 
 
 def make_deployment(cfg: RunConfig, profile, model, x_train, y_train, parts, spec: LocalSpec, loss: str,
-                    report_goal: int | None = None):
-    """The clock and secure aggregation of the round (:mod:`fedrun.deployment`); None when both are off."""
+                    report_goal: int | None = None, sampler=None):
+    """The clock and secure aggregation of the round (:mod:`fedrun.deployment`); None when both are off. SecAgg's
+    field is sized once for the run, for the most summands a round can have: the largest cohort ``sampler`` (the one
+    that draws, over-selected if it is) can select, at most the report goal, plus the audit's canaries."""
     sec = cfg.secagg
     if profile is None and sec.get("name", "none") == "none":
         return None
     from fedrun.deployment import Deployment, SecAggSettings, train_flops_per_sample
+
+    cohort = sampler.max_cohort if sampler is not None else len(parts)
+    cohort = min(cohort, report_goal) if report_goal is not None else cohort
+    max_clients = cohort + cfg.audit_canaries
+    if sec.get("name", "none") != "none" and int(sec["bits"]) < max_clients.bit_length() + 1:
+        raise ConfigError(f"secagg.bits={sec['bits']} is too few for up to {cohort} clients a round (sampler="
+                          f"{sampler.name if sampler is not None else '?'}) and {cfg.audit_canaries} canaries in "
+                          f"the field: need at least {max_clients.bit_length() + 1}")
 
     settings = (SecAggSettings(sec["name"], int(sec["bits"]), float(sec["clip"]), float(sec["dropout"]),
                                float(sec["corrupt"]))
@@ -233,7 +252,7 @@ def make_deployment(cfg: RunConfig, profile, model, x_train, y_train, parts, spe
     samples = spec.steps * (sizes if spec.mode == "gd" else np.minimum(spec.batch_size, sizes))
     flops = train_flops_per_sample(model, x_train[:1], y_train[:1], loss) if profile is not None else 0.0
     return Deployment(profile, settings, num_clients=len(parts), seed=cfg.seed, flops_per_sample=flops,
-                      samples=samples, report_goal=report_goal)
+                      samples=samples, report_goal=report_goal, max_clients=max_clients)
 
 
 def make_audit(cfg: RunConfig) -> AuditSettings | None:
@@ -320,8 +339,10 @@ def build(c: dict | RunConfig) -> Built:
                      clip_norm=cfg.local_clip, loss=loss, clip_mode=cfg.local_clip_mode, clip_ord=cfg.local_clip_ord)
     profile, sampler, factor, goal = make_sampler(cfg, len(parts))
     scheme = _instantiate({k: v for k, v in cfg.scheme.items() if k != "name"})
+    if cfg.secagg.get("name", "none") != "none":  # prepare() checked it; a typed config may not have been prepared
+        check_secagg_codec(cfg.secagg["name"], cfg.scheme_name, scheme)
     mode = cfg.dp
-    client_dp = make_client_dp(cfg, sampler, factor) if mode == "client" else None
+    client_dp = make_client_dp(cfg, sampler, factor, goal) if mode == "client" else None
     local_dp = None
     trainable, facts = None, None
     try:  # the modules below raise ValueError for a setting they refuse: here, at the edge, a config error
@@ -343,7 +364,7 @@ def build(c: dict | RunConfig) -> Built:
                          client_dp=client_dp, local_dp=local_dp, x_val=x_val, y_val=y_val, layout=layout,
                          audit=make_audit(cfg), frozen_numel=0 if isinstance(scheme, FbFTL) else frozen,
                          deployment=make_deployment(cfg, profile, model, x_train, y_train, parts, spec, loss,
-                                                    report_goal=goal))
+                                                    report_goal=goal, sampler=sampler))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     names = {"dataset": dataset.name, "model": model_name, "partition": part_name,
@@ -387,10 +408,15 @@ class Progress:
 
 # ------------------------------------------------------------------------------------------ the loop
 class MetricsCSV:
-    """Per-round metrics written as they are flushed, so an interrupted run keeps them."""
+    """Per-round metrics written as they are flushed, so an interrupted run keeps them. With ``dp`` (a run with DP)
+    also ``metrics_privacy.csv`` beside it: each column, whether ε covers it, its MLflow name (``nonprivate/…`` when
+    not) and why (:mod:`fedrun.metric_names`); the columns of metrics.csv keep their names."""
 
-    def __init__(self, path: Path) -> None:
+    PRIVACY = "metrics_privacy.csv"
+
+    def __init__(self, path: Path, dp: bool = False) -> None:
         self.path = path
+        self.dp = dp
         self.rows: list[dict[str, float]] = []
 
     def append(self, rnd: int, metrics: dict[str, float]) -> None:
@@ -408,6 +434,22 @@ class MetricsCSV:
             w.writeheader()
             w.writerows(self.rows)
         tmp.replace(self.path)
+        if self.dp:
+            from fedrun.metric_names import covered_by_epsilon, metric_name, privacy_reason
+
+            rows = [{"metric": k, "covered_by_epsilon": str(bool(covered_by_epsilon(k))).lower(),
+                     "mlflow_name": metric_name(k, dp=True), "reason": privacy_reason(k)}
+                    for k in columns if k != "round"]
+            with tmp.open("w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=["metric", "covered_by_epsilon", "mlflow_name", "reason"])
+                w.writeheader()
+                w.writerows(rows)
+            tmp.replace(self.path.with_name(self.PRIVACY))
+
+
+def has_dp(sim: Simulation) -> bool:
+    """Does the run release anything under DP (client-level or local)? Then the metrics ε does not cover are marked."""
+    return sim.client_dp is not None or sim.local_dp is not None
 
 
 def plot_curve(rows: list[dict[str, float]], key: str, path: Path, title: str) -> None:
@@ -463,9 +505,17 @@ def epsilons(sim: Simulation, last: bool = False) -> dict[str, float]:
         out["epsilon_rdp"] = eps if configured == "rdp" else sim.epsilon("rdp")
         if configured == "pld":
             out["epsilon_pld"] = eps
-        elif last:
+        elif last and pld_accounts(sim.client_dp):
             out["epsilon_pld"] = sim.epsilon("pld")
     return out
+
+
+def pld_accounts(dp: ClientDP) -> bool:
+    """Whether the PLD accountant has an event for the cohorts' sampling (not for a fixed-size cohort: there the
+    accountant's "PLD" ε would be its RDP stand-in, so no ``epsilon_pld`` is reported)."""
+    from fedrun.privacy.accounting import SAMPLING_ACCOUNTANTS
+
+    return "pld" in SAMPLING_ACCOUNTANTS[dp.sampling]
 
 
 def run_rounds(built: Built, tracker, out_dir: Path, loop: LoopState | None = None,
@@ -491,7 +541,7 @@ def run_rounds(built: Built, tracker, out_dir: Path, loop: LoopState | None = No
     loop = loop or LoopState()
     schedule = CheckpointSchedule(cfg.checkpoint_every)
     logged_up_to = tracker.last_step("uplink_bytes_total") if loop.round else 0
-    csv_log = MetricsCSV(out_dir / "metrics.csv")
+    csv_log = MetricsCSV(out_dir / "metrics.csv", dp=has_dp(sim))
     csv_log.rows = list(loop.rows)
     pending: list[dict[str, float]] = []
     progress = Progress(rounds, cfg.progress, start=loop.round)
@@ -638,6 +688,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     tags.update(built.sim.scheme.tags)
     params = flatten({k: v for k, v in c.items() if k not in ("hydra", "resume")})  # the logged params: the dict
     run_name = cfg.run_name or f"{names['scheme']}-{names['dataset']}"
+    tracker.set_dp(has_dp(built.sim))  # before any metric: what ε does not cover goes under nonprivate/
     tracker.start(params, tags, run_name=run_name, run_id=run_id)
     log_source(tracker, out)  # the code it runs: commit, and a dirty tree's diff as an artifact (fedrun.provenance)
     if ckpt_path is None:
@@ -663,7 +714,8 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
         if built.sim.accountant is not None:
             acct = built.sim.accountant.summary()
             dp = built.sim.client_dp
-            summary.update({"epsilon_rdp": acct["epsilon_rdp"], "epsilon_pld": acct["epsilon_pld"],
+            summary.update({"epsilon_rdp": acct["epsilon_rdp"],
+                            **({"epsilon_pld": acct["epsilon_pld"]} if pld_accounts(dp) else {}),
                             "dp_delta": dp.delta, "dp_noise_multiplier": dp.noise_multiplier,
                             "dp_sampling_probability": dp.sampling_probability,
                             "dp_clipping_norm": dp.clipping_norm, "dp_rounds": acct["rounds"]})
@@ -681,7 +733,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
         tracker.set_tags({"fedrun.failure_reason": str(exc)})
         raise
     finally:
-        for name in ("config.yaml", "metrics.csv", "test_accuracy.png", "test_mse.png"):
+        for name in ("config.yaml", "metrics.csv", MetricsCSV.PRIVACY, "test_accuracy.png", "test_mse.png"):
             if (out / name).exists():
                 try:
                     tracker.log_artifact(out / name)

@@ -43,6 +43,11 @@ class Sampler:
         raise NotImplementedError
 
     @property
+    def max_cohort(self) -> int:
+        """The most clients one round can select (a public bound: secure aggregation's field is sized for it)."""
+        return self.num_clients
+
+    @property
     def fraction(self) -> float:
         """Expected fraction C of clients selected per round (paper 000's cost formula)."""
         return self.expected_clients / self.num_clients
@@ -70,7 +75,8 @@ class PoissonSampler(Sampler):
 
 class CappedPoissonSampler(Sampler):
     """Poisson with probability C (the same draws as :class:`PoissonSampler` with the same seed), then, when more
-    than ``max_clients`` were drawn, a uniformly random subset of ``max_clients`` of them (the rest are dropped)."""
+    than ``max_clients`` were drawn, a uniformly random subset of ``max_clients`` of them (the rest are dropped): the
+    ones with the smallest i.i.d. priorities, each read at the client's id."""
 
     name = "poisson_capped"
     dp_sampling = "capped_poisson"
@@ -89,7 +95,14 @@ class CappedPoissonSampler(Sampler):
         chosen = np.flatnonzero(draws < self.probability)
         if len(chosen) <= self.max_clients:
             return chosen
-        return np.sort(numpy_rng(seed, "sampler_cap", rnd).choice(chosen, self.max_clients, replace=False))
+        # a uniformly random subset of the drawn: the cap smallest of i.i.d. priorities read at each client's id, so
+        # one more drawn client changes the kept set by at most one swap (the accountant's replace-one branch)
+        priority = numpy_rng(seed, "sampler_cap", rnd).random(self.num_clients)[chosen]
+        return np.sort(chosen[np.argsort(priority, kind="stable")[:self.max_clients]])
+
+    @property
+    def max_cohort(self) -> int:
+        return min(self.max_clients, self.num_clients)
 
     @property
     def expected_clients(self) -> float:
@@ -113,6 +126,10 @@ class UniformSampler(Sampler):
 
     def select(self, rnd: int, seed: int) -> np.ndarray:
         return np.sort(numpy_rng(seed, "sampler", rnd).choice(self.num_clients, self.k, replace=False))
+
+    @property
+    def max_cohort(self) -> int:
+        return self.k
 
     @property
     def expected_clients(self) -> float:
@@ -146,6 +163,10 @@ class RoundRobinSampler(Sampler):
         position = np.empty(self.num_clients, dtype=np.int64)
         position[self._order(seed)] = np.arange(self.num_clients)
         return np.maximum(0, (total - position + self.num_clients - 1) // self.num_clients)
+
+    @property
+    def max_cohort(self) -> int:
+        return self.k
 
     @property
     def expected_clients(self) -> float:

@@ -58,6 +58,12 @@ class SecAggCost:
     threshold: int              # Shamir threshold t (of n share-holders, or of the k+1 in a neighbourhood)
     min_survivors: int          # n − ⌊δn⌋: fewer survivors abort the round
 
+    @property
+    def unmasking_bytes(self) -> int:
+        """The Unmasking part of :attr:`client_uplink_bytes`, (d+1)·S: sent only by a client that reaches Unmasking
+        (the rest, 2K + d·(2S+G), by every client of the cohort)."""
+        return (self.neighbours + 1) * SHARE_BYTES
+
 
 def _hypergeom_pmf(total: int, marked: int, sampled: int) -> torch.Tensor:
     """P[X = x], x = 0..sampled, X = marked items among ``sampled`` drawn without replacement from ``total``."""

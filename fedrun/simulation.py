@@ -2,7 +2,8 @@
 
 :meth:`Simulation.run_round` is the round every FedAvg-shaped scheme runs, written once, top to bottom::
 
-    sample → broadcast (downlink bytes) → local training → client encode → privatize → upload (uplink bytes)
+    sample → broadcast (downlink bytes) → local training → [local DP noise] → client encode (checked: one plain
+      row per client) → upload (uplink bytes)
       → aggregate (client-level DP: clip + sum + noise, one accountant event) → [second exchange]
       → server decode → server optimizer (η_g, momentum) → client feedback
 
@@ -29,22 +30,32 @@ from fedrun.comm import Ledger, Message
 from fedrun.models.flat import FlatParams
 from fedrun.privacy.mechanisms import (Event, FixedSizeGaussianEvent, PoissonGaussianEvent,
                                        TruncatedPoissonGaussianEvent)
-from fedrun.rng import torch_generator
+from fedrun.rng import derive_seed, torch_generator
 from fedrun.sampling import Sampler
 from fedrun.schemes.base import ClientView, Env, Received, Scheme
 from fedrun.training import ClientData, LocalSpec, Trainer, eval_copy, evaluate
 
 
+class SchemeContractError(ValueError):
+    """A codec handed the round something the privatizer does not accept (reported in one line)."""
+
+
 @dataclass(frozen=True)
 class ClientDP:
-    """Client-level DP settings (paper 000; DP-FedAvg): clip S, noise multiplier σ, sampling rate q, the fixed
-    denominator of the DP sum (``expected_clients``), and the accountant (``rdp`` | ``pld``) whose ε the run
-    reports as ``epsilon``.
+    """Client-level DP settings (paper 000; DP-FedAvg): clip S, noise multiplier σ (noise std σS), sampling rate q,
+    the fixed denominator of the DP sum (``expected_clients``), and the accountant (``rdp`` | ``pld``) whose ε the
+    run reports as ``epsilon``.
 
     ``sampling`` says how the cohort is drawn, and so which event each round records (:meth:`event`):
     ``poisson`` (q, denominator qN), ``fixed_size`` (``cohort_size`` k of ``num_clients`` N without replacement,
-    q = k/N, denominator k; replace-one neighbours) or ``capped_poisson`` (Poisson with q, at most
-    ``cohort_size``; denominator E[min(Binomial(N, q), cap)])."""
+    q = k/N, denominator k; replace-one neighbours, sensitivity 2S) or ``capped_poisson`` (Poisson with q, at most
+    ``cohort_size``; denominator E[min(Binomial(N, q), cap)]).
+
+    ``add_remove_sensitivity`` (units of S): how far adding or removing one client can move the clipped sum. 1,
+    or 2 where a round closes at a report goal (over-selection): an added fast client is kept and pushes out the
+    report next in line, so the sum moves by g(x) − g(y). The event then charges σ / 2 (:attr:`charged_noise_multiplier`).
+    Under replace-one (``fixed_size``) the report goal changes the kept set by at most one swap, within the 2S the
+    event already charges."""
 
     clipping_norm: float
     noise_multiplier: float
@@ -55,17 +66,24 @@ class ClientDP:
     sampling: str = "poisson"
     num_clients: int | None = None
     cohort_size: int | None = None
+    add_remove_sensitivity: float = 1.0
+
+    @property
+    def charged_noise_multiplier(self) -> float:
+        """The noise multiplier the accountant is charged: σ over the sensitivity in units of S (fixed-size cohorts:
+        σ, their event charges 2S itself)."""
+        return self.noise_multiplier / (1.0 if self.sampling == "fixed_size" else self.add_remove_sensitivity)
 
     def event(self) -> Event:
         """The accountant event of one noised client-level sum under this sampling."""
+        sigma = self.charged_noise_multiplier
         if self.sampling == "fixed_size":
-            return FixedSizeGaussianEvent(self.noise_multiplier, self.num_clients, self.cohort_size)
+            return FixedSizeGaussianEvent(sigma, self.num_clients, self.cohort_size)
         if self.sampling == "capped_poisson":
-            return TruncatedPoissonGaussianEvent(self.noise_multiplier, self.sampling_probability, self.num_clients,
-                                                 self.cohort_size)
+            return TruncatedPoissonGaussianEvent(sigma, self.sampling_probability, self.num_clients, self.cohort_size)
         if self.sampling != "poisson":
             raise ValueError(f"sampling={self.sampling!r} is not one of poisson, fixed_size, capped_poisson")
-        return PoissonGaussianEvent(self.noise_multiplier, self.sampling_probability)
+        return PoissonGaussianEvent(sigma, self.sampling_probability)
 
 
 @dataclass(frozen=True)
@@ -83,7 +101,7 @@ class Privatizer:
     * client-level (``client_dp``): :meth:`open` makes the DP sum (each row clipped to S in the scheme's payload
       domain; the audit's canary clients join it), :meth:`close` adds N(0, σ²S²), divides by the fixed
       denominator (qN; k for a fixed-size cohort) and records one accountant event of the cohort's sampling;
-    * local (``local_dp``): :meth:`upload` noises each client's payload (one release each, counted by its
+    * local (``local_dp``): :meth:`upload` noises each client's update before encode (one release each, counted by its
       accountant), summed with the scheme's weights;
     * off: the weighted sum.
     """
@@ -132,7 +150,8 @@ class Privatizer:
         return agg
 
     def upload(self, rnd: int, clients: np.ndarray, payload: torch.Tensor) -> torch.Tensor:
-        """Local DP (paper 001): each client noises what it uploads; identity otherwise."""
+        """Local DP (paper 001): each client noises its update [k, n] (before the codec sees it); identity
+        otherwise."""
         if self.local_dp is None:
             return payload
         out = self.local_dp.privatize(rnd, clients, payload, lambda l: self.generator(rnd, "local_dp", l))
@@ -295,14 +314,15 @@ class Simulation:
         self._eval_model: nn.Module | None = None
         self.scheme = scheme
         self.client_codec = copy.deepcopy(scheme)  # the clients' side: nothing it keeps reaches the server's
-        env = Env(n=self.n, device=self.device, seed=self.seed, num_clients=data.num_clients, local_mode=spec.mode,
-                  local_steps=spec.steps, clients_per_round=sampler.expected_clients, dp=self.privatizer.mode,
-                  dp_noise_std=self.privatizer.noise_std())
-        scheme.setup(env)
-        self.client_codec.setup(env)
-        if local_dp is not None and scheme.payload_dim != self.n:
-            raise ValueError(f"dp=local_{local_dp.mechanism} calibrates noise to the model update (length {self.n}), "
-                             f"but scheme={type(scheme).__name__} transmits vectors of length {scheme.payload_dim}")
+        # each side its own Env, with the codec's seed (one way from the run's: the privatizer's noise stays unknown)
+        envs = [Env(n=self.n, device=self.device, seed=derive_seed(self.seed, "codec"), num_clients=data.num_clients,
+                    local_mode=spec.mode, local_steps=spec.steps, clients_per_round=sampler.expected_clients,
+                    dp=self.privatizer.mode, dp_noise_std=self.privatizer.noise_std()) for _ in range(2)]
+        scheme.setup(envs[0])
+        self.client_codec.setup(envs[1])
+        if local_dp is not None and scheme.correction_state:
+            raise ValueError(f"dp=local_{local_dp.mechanism} is not available with scheme={type(scheme).__name__}: "
+                             f"its correction state changes the local steps the noise is calibrated to")
 
     @property
     def accountant(self):
@@ -368,10 +388,12 @@ class Simulation:
         if dep is not None:  # the clock and secure aggregation: whose upload reaches the server
             message = Message(dep.upload_bytes(message.nbytes, server.payload_dim), message.kind)
             clients, failed = dep.admit(rnd, clients, down, message.nbytes, server.payload_dim)
+            if dep.discarded:  # late reports past the report goal: uploaded, then discarded (not summed)
+                ledger.uplink(Message(message.nbytes, "discarded"), dep.discarded)
             if dep.secagg is not None:
                 ledger.secagg(dep.metrics["secagg_uplink_bytes"], dep.metrics["secagg_downlink_bytes"])
-            if failed:  # SecAgg: too few survivors to unmask; nothing is released, the model stays (their masked
-                ledger.uplink(message, len(clients))  # vectors were sent before the server could tell)
+            if failed:  # SecAgg: too few survivors to unmask (or fewer than 2 clients: no instance); nothing is
+                ledger.uplink(message, len(clients))  # released, the model stays (masked vectors sent before it told)
                 return {**dep.close(0.0), "clients": 0.0}
             field = dep.quantizer(len(clients) + (self.audit.canaries if self.audit is not None else 0))
         weights = self.weights(clients)
@@ -382,8 +404,8 @@ class Simulation:
         agg = dp.open(rnd, clients, weights, server.payload_dim, field)
         sent, updates, losses = [], [], []
         for ids, local, loss in self.train(clients, rnd, correction):
-            update = local - self.params
-            payload = dp.upload(rnd, ids, client.encode(rnd, update, ClientView(self.client_state, ids)))
+            update = dp.upload(rnd, ids, local - self.params)  # local DP: noise on each update, before encode
+            payload = self.encode(rnd, ids, update)
             ledger.uplink(message, len(ids))
             agg.add(payload)
             losses.append(loss)
@@ -421,11 +443,37 @@ class Simulation:
         server_seconds = time.perf_counter() - t0
         if feedback:
             payloads = torch.cat(sent) if sent else torch.zeros(0, server.payload_dim, device=self.device)
-            client.feedback(rnd, ClientView(self.client_state, clients), payloads, values,
-                            Received(aggregate, update, H, exact))
-        clock = {**dep.close(server_seconds, exchange), **agg.quantization()} if dep is not None else {}
+            values, *received = (None if t is None else t.clone() for t in (values, aggregate, update, H, exact))
+            client.feedback(rnd, ClientView(self.client_state, clients), payloads, values, Received(*received))
+        clock = ({**dep.close(server.server_flops(self.n), exchange, host_seconds=server_seconds),  # modelled;
+                  **agg.quantization()} if dep is not None else {})  # the measured time is a diagnostic only
         return {**server.metrics, **client.metrics, **clock, "clients": float(len(clients)),
                 "train_loss": float(torch.cat(losses).mean()) if losses else math.nan}
+
+    def encode(self, rnd: int, ids: np.ndarray, updates: torch.Tensor) -> torch.Tensor:
+        """The client codec's payloads of ``ids``, checked: a plain dense float32 tensor [len(ids), payload_dim].
+        Under client-level DP each client is encoded alone, so a row can hold nothing of another client."""
+        codec = self.client_codec
+        if self.privatizer.mode == "client":
+            rows = [codec.encode(rnd, updates[i:i + 1], ClientView(self.client_state, ids[i:i + 1]))
+                    for i in range(len(ids))]
+            for row in rows:
+                self._check_payload(row, 1)
+            payload = torch.cat(rows) if rows else updates.new_zeros(0, self.scheme.payload_dim)
+        else:
+            payload = codec.encode(rnd, updates, ClientView(self.client_state, ids))
+        return self._check_payload(payload, len(ids))
+
+    def _check_payload(self, payload, rows: int) -> torch.Tensor:
+        shape = (rows, self.scheme.payload_dim)
+        if (type(payload) is not torch.Tensor or payload.layout != torch.strided or payload.dtype != torch.float32
+                or tuple(payload.shape) != shape or payload.device != self.device):
+            got = (f"{type(payload).__name__} {tuple(payload.shape)} {payload.dtype} {payload.layout} on "
+                   f"{payload.device}" if isinstance(payload, torch.Tensor) else type(payload).__name__)
+            raise SchemeContractError(f"scheme={type(self.scheme).__name__}: encode must return a plain dense "
+                                      f"float32 tensor of shape {shape} (one row per client) on {self.device}; "
+                                      f"got {got}")
+        return payload
 
     def server_step(self, update: torch.Tensor) -> None:
         """w ← w + η_g·(ρ·v + update) (server momentum ρ, FedAvgM; ρ = 0: none)."""

@@ -8,7 +8,9 @@
   any job starts (MLflow's SQLite store races when several processes create it at once); every job's
   run carries the parent's id (``mlflow.parentRunId``) and the tag ``fedrun.sweep``; its name carries the
   swept values (``fl_cs-fashion_mnist r=0.05``).
-* Metric names in MLflow: :mod:`fedrun.metric_names`; diagnostics only with ``tracking.diagnostics=true``.
+* Metric names in MLflow: :mod:`fedrun.metric_names`; diagnostics only with ``tracking.diagnostics=true``. A run
+  with DP (:meth:`MlflowTracker.set_dp`) logs each metric ε does not cover as ``nonprivate/<its name>`` and lists
+  them in the run tag ``dp.not_covered_by_epsilon``.
 * A failed job fails the sweep through Hydra (:class:`fedrun.cli.JobFailed`): the other jobs run, then exit 1.
 * The UI (:func:`runs_table_url`, ``python -m fedrun.tracking ui-url``), the two things MLflow has no public way
   to do, written against MLflow 3.17's UI (pyproject pins the tested range): URLs that open the "Model
@@ -29,7 +31,8 @@ from typing import Any, Iterable, Sequence
 
 from hydra.experimental.callback import Callback
 
-from fedrun.metric_names import internal_name, is_diagnostic, metric_name  # noqa: F401 - report/export import internal_name here
+from fedrun.metric_names import (NOT_COVERED, NOT_COVERED_TAG, covered_by_epsilon, internal_name,  # noqa: F401
+                                 is_diagnostic, metric_name)  # report/export import internal_name here
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 PARENT_FILE = "mlflow_parent_run.txt"
@@ -43,7 +46,7 @@ VIEW_NAME = "fedrun: runs and key metrics"
 #: Columns of the saved view: the key numbers of a run (its run name, which carries the swept values, is always
 #: shown). Columns of metrics no run has are not shown.
 VIEW_METRICS = ("summary/best_test_accuracy", "summary/best_test_mse", "epsilon", "uplink_bytes_total",
-                "test_accuracy", "test_mse")
+                NOT_COVERED + "uplink_bytes_total", "test_accuracy", "test_mse")  # a DP run's bytes: marked
 VIEW_TAGS = ("scheme", "dataset", "dp")
 #: Hydra config groups that fedrun also logs as run tags (a sweep over them shows the tag as a column).
 TAGGED_GROUPS = ("scheme", "dataset", "model", "partition")
@@ -237,6 +240,9 @@ class NullTracker:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         pass
 
+    def set_dp(self, dp: bool) -> None:
+        pass
+
     def find_finished(self, config_hash: str) -> str | None:
         return None
 
@@ -323,6 +329,8 @@ class MlflowTracker:
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self.latest: dict[str, float] = {}  # the last value of each metric logged (fedrun's names)
+        self.dp = False  # a run with DP: the metrics ε does not cover are marked (set_dp)
+        self.not_covered: set[str] = set()  # those logged so far (fedrun's names; the run tag lists them)
 
     @property
     def where(self) -> str:
@@ -348,6 +356,9 @@ class MlflowTracker:
         if run_id is not None:  # resume an existing run
             self.client.update_run(run_id, status="RUNNING")
             self.run_id = run_id
+            if self.dp:  # the tag keeps listing what the run logged before it was interrupted
+                listed = self.client.get_run(run_id).data.tags.get(NOT_COVERED_TAG, "")
+                self.not_covered |= {n for n in listed.split(",") if n}
             return
         all_tags = {**tags, RUN_KIND_TAG: RUN_KIND}
         if self.name_suffix:
@@ -363,18 +374,30 @@ class MlflowTracker:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
+        from mlflow.entities import RunTag
+
         now = int(time.time() * 1000)
-        named = [(metric_name(k), float(v)) for k, v in metrics.items() if v is not None]
+        named = [(metric_name(k, self.dp), float(v)) for k, v in metrics.items() if v is not None]
         batch = [Metric(m, v, now, int(step)) for m, v in named if self.diagnostics or not is_diagnostic(m)]
-        self.client.log_batch(self.run_id, metrics=batch)  # MLflow splits it into requests it accepts
+        new = {k for k, v in metrics.items() if self.dp and v is not None and not covered_by_epsilon(k)}
+        new -= self.not_covered
+        self.not_covered |= new  # the tag lists every such metric, logged to MLflow or only to metrics.csv
+        tags = [RunTag(NOT_COVERED_TAG, ",".join(sorted(self.not_covered)))] if new else []
+        self.client.log_batch(self.run_id, metrics=batch, tags=tags)  # MLflow splits it into requests it accepts
         self.latest.update({k: float(v) for k, v in metrics.items() if v is not None})
+
+    def set_dp(self, dp: bool) -> None:
+        """A run with DP (client-level or local): from now on the metrics ε does not cover are logged as
+        ``nonprivate/<name>`` and listed in the run tag ``dp.not_covered_by_epsilon`` (:mod:`fedrun.metric_names`).
+        Called before :meth:`start`."""
+        self.dp = bool(dp)
 
     def log_artifact(self, path: Path) -> None:
         self.client.log_artifact(self.run_id, str(path))
 
     def last_step(self, metric: str) -> int:
         """Highest step logged for ``metric`` (0 if none): where a resumed run's logging continues."""
-        history = self.client.get_metric_history(self.run_id, metric_name(metric))
+        history = self.client.get_metric_history(self.run_id, metric_name(metric, self.dp))
         return max((m.step for m in history), default=0)
 
     def find_finished(self, config_hash: str) -> str | None:
@@ -422,7 +445,7 @@ def swept_keys(overrides: Iterable[str]) -> list[str]:
 def sweep_note(runs: list, experiment_id: str) -> str:
     """The sweep parent run's description: its runs with their key metrics (markdown, links to each run)."""
     def val(run, name: str, scale: float = 1.0, spec: str = "{:.4g}") -> str:
-        v = run.data.metrics.get(metric_name(name))
+        v = run.data.metrics.get(metric_name(name), run.data.metrics.get(metric_name(name, dp=True)))
         return "–" if v is None else spec.format(v / scale)
 
     lines = ["Runs of this sweep (open the experiment's view \"" + VIEW_NAME + "\" for all columns):", "",

@@ -29,11 +29,15 @@ def check(name: str, value: Any, allowed: str, ok=lambda v: True, kind=(int, flo
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Env:
-    """What a scheme may know at set-up: sizes, device, the run's shared randomness and public facts of the run:
+    """What a scheme may know at set-up: sizes, device, the codec's shared randomness and public facts of the run:
     ``dp`` is the DP mode (``off`` | ``client`` | ``local``); ``dp_noise_std`` the std of the client-level DP noise
-    in each coordinate of the aggregate (σ·S/(qN)), None without client-level DP."""
+    in each coordinate of the aggregate (σ·S/(qN)), None without client-level DP.
+
+    ``seed`` is the codec's own seed, derived one way (a hash) from the run's seed: the privatizer's noise, drawn
+    from the run's seed, cannot be computed from it. The client and the server side each get their own instance
+    (``slots``: nothing can be stored on it)."""
 
     n: int
     device: torch.device
@@ -82,8 +86,9 @@ class Received:
 class Scheme:
     """The codec base: identity encode/decode (FedAvg). Declared facts (class or set-up attributes):
 
-    * ``dp_modes`` — DP modes it takes: ``off``, ``client`` (clip + noise on the aggregate), ``local`` (noise on
-      each upload; needs ``payload_dim == n``). Checked before any data is loaded.
+    * ``dp_modes`` — DP modes it takes: ``off``, ``client`` (clip + noise on the aggregate, in the payload domain),
+      ``local`` (noise on each client's update before ``encode``; opt-in: a scheme declares it). Checked before any
+      data is loaded.
     * ``weighting`` — client weights without client-level DP: ``size`` (|D_k| / Σ_selected |D_j|), ``uniform``
       (1/K) or ``population`` ((N/b)·|D_k| / Σ_all |D_j|, paper 001).
     * ``compresses`` — refused on a model too small to compress; ``linear`` — encode is linear in the update.
@@ -94,9 +99,11 @@ class Scheme:
       answer it (None: the update itself).
     * ``state`` — server-side attributes a checkpoint keeps; set at ``setup``: ``payload_dim``, ``message`` (one
       client's upload, for the byte ledger), ``compression_ratio`` (r of paper 000's cost formula), ``tags``;
-      after each ``decode``: ``metrics`` (diagnostics of the round)."""
+      after each ``decode``: ``metrics`` (diagnostics of the round).
+    * ``server_flops(n)`` — the server's modelled work per round (query + decode + optimizer step), a closed form of
+      the configuration that the simulated clock charges at the profile's server speed (never a measured time)."""
 
-    dp_modes: tuple[str, ...] = ("off", "client", "local")
+    dp_modes: tuple[str, ...] = ("off", "client")
     weighting: str = "size"
     compresses: bool = False
     linear: bool = True
@@ -121,8 +128,19 @@ class Scheme:
         """Sizes are known: allocate server state, set ``payload_dim``, ``message`` and ``compression_ratio``."""
         self.payload_dim, self.message, self.compression_ratio = env.n, Message.of_shape(env.n), 1.0
 
+    def server_flops(self, n: int) -> float:
+        """The server's operations in one round, for a model of ``n`` parameters: a deterministic function of the
+        configuration (sizes, r, sketch shape, solver budget), never of measured time or data-dependent iteration
+        counts. An operation is a float add, multiply or compare; index and memory moves are free.
+
+        Here (identity decode, which moves memory only) just the optimizer step w ← w + η_g·(ρ·v + update):
+        2n (one multiply-add per coordinate), and 2n more with server momentum ρ > 0 (v ← ρ·v + update).
+        Schemes whose decode or query computes add theirs to this."""
+        return 2.0 * n * (2 if self.server_momentum > 0 else 1)
+
     def encode(self, rnd: int, updates: torch.Tensor, state: ClientView) -> torch.Tensor:
-        """Client side: updates [k, n] (local − global) → payloads [k, payload_dim]."""
+        """Client side: updates [k, n] (local − global) → payloads [k, payload_dim]: a plain dense float32 tensor,
+        one row per client (anything else is refused). Under client-level DP it is called one client at a time."""
         return updates
 
     def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:

@@ -12,3 +12,5 @@ from fedrun.schemes.base import Scheme
 class FedAvg(Scheme):
     """FL-STD: the uncompressed baseline of paper 000."""
 
+    dp_modes = ("off", "client", "local")  # local DP noises the update; FedAvg sends it as it is
+

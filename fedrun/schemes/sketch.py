@@ -17,6 +17,7 @@ Every device keeps the model and updates it from S̄ (the paper "broadcasts it t
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import torch
@@ -87,6 +88,15 @@ class SketchScheme(Scheme):
             self._cs = {rnd: CountSketch(self.n, self.rows, self.cols, self.seed_of(rnd, "count_sketch"), self.device)}
         return self._cs[rnd]
 
+    def privix_flops(self) -> float:
+        """PRIVIX over all n coordinates: n·t·(1 + ⌈log₂t⌉) — t sign multiplies and a sort of t values for the median."""
+        t = self.rows
+        return float(self.n * t * (1 + math.ceil(math.log2(t))))
+
+    def heavy_flops(self) -> float:
+        """H = top-m of |PRIVIX[S̄]|: PRIVIX + n·(1 + ⌈log₂m⌉) (|·| and a heap of m)."""
+        return self.privix_flops() + self.n * (1 + math.ceil(math.log2(max(self.m, 1))))
+
     def query(self, rnd: int, aggregate: torch.Tensor) -> torch.Tensor:
         """H = heavy_hitters(S̄, m), computed by every device from S̄ (nothing sent for H)."""
         return self.sketch(rnd).heavy_hitters(aggregate.reshape(self.rows, self.cols), self.m)
@@ -107,6 +117,22 @@ class FedSketch(SketchScheme):
 
     def encode(self, rnd: int, updates: torch.Tensor, state: ClientView) -> torch.Tensor:
         return self.sketch(rnd).sketch(-updates).reshape(len(updates), -1)  # S_j = S(Δ_j)
+
+    def server_flops(self, n: int) -> float:
+        """The step (:meth:`Scheme.server_flops`) + the unsketch, with A = n·t·(1 + ⌈log₂t⌉) (PRIVIX) and
+        B = A + n·(1 + ⌈log₂m⌉) (heavy hitters H):
+
+        * PRIVIX: A.
+        * HEAPRIX, sketch-only values (Alg. 4): B + 2mt (S(h) of the m heavy values) + tk (S̄ − S(h)) + A + m (h added).
+        * HEAPRIX, exact values: B (the query's H, computed once) + 2mt + tk + A (values on H are the exact ones).
+
+        FedSKETCHGATE's server does the same (its feedback is the devices' work)."""
+        t, k, m = self.rows, self.cols, self.m
+        if self.unsketch == "privix":
+            work = self.privix_flops()
+        else:
+            work = self.heavy_flops() + 2 * m * t + t * k + self.privix_flops() + (0 if self.queries else m)
+        return super().server_flops(n) + float(work)
 
     def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:
         shared_heavy = exact is not None or (self.correction_state and self.unsketch == "heaprix")  # GATE: Φ, Φ_j

@@ -72,6 +72,11 @@ class SketchedSGD(SketchScheme):
         self.H = super().query(rnd, aggregate)
         return self.H
 
+    def server_flops(self, n: int) -> float:
+        """The step (:meth:`Scheme.server_flops`) + the query's heavy hitters, n·t·(1 + ⌈log₂t⌉) + n·(1 + ⌈log₂m⌉);
+        the decode places v̄ on H (memory moves only)."""
+        return super().server_flops(n) + self.heavy_flops()
+
     def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:
         """x ← x − γ·v̄ on H."""
         return torch.zeros(self.n, device=aggregate.device).index_put_((self.H,), -exact)

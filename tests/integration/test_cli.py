@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrun.metric_names import is_diagnostic
+from fedrun.metric_names import NOT_COVERED_TAG, is_diagnostic
 
 FEDRUN = [sys.executable, "-m", "fedrun.cli"]
 FAST = ["scheme=fl_std", "dp=false", "r=1.0", "eval_every=1", "lr=0.05", "rounds=2", "num_clients=10", "sample_rate=0.5", "local_steps=2",
@@ -135,11 +135,13 @@ def test_default_command_is_fl_cs_with_client_level_dp_logged_to_sqlite_in_cwd(t
     assert run.data.tags["scheme"] == "fl_cs" and run.data.tags["dataset"] == "fashion_mnist"
     assert run.data.params["r"] == "0.05" and run.data.params["dp"] == "True"
     assert run.data.params["clipping_norm"] == "0.11" and run.data.params["epsilon"] == "1.0"
-    for key in ("test_accuracy", "uplink_bytes", "cost_bits", "epsilon"):
+    # under DP the bytes (they follow the realized cohort) are marked as not covered by ε
+    for key in ("test_accuracy", "nonprivate/uplink_bytes", "cost_bits", "epsilon"):
         assert len(client.get_metric_history(run.info.run_id, key)) == 2, key
+    assert "uplink_bytes" in run.data.tags[NOT_COVERED_TAG].split(",")
     m = int(run.data.tags["compression.m"])
     assert m == 5716  # ceil(0.05 · 114,314) DCT coefficients (P = 4 chunks of 1429)
-    ups = client.get_metric_history(run.info.run_id, "uplink_bytes")
+    ups = client.get_metric_history(run.info.run_id, "nonprivate/uplink_bytes")
     (csv,) = tmp_path.glob("outputs/*/*/metrics.csv")  # every number of the run, diagnostics included
     clients = [float(row["clients"]) for row in DictReader(csv.open())]
     assert [u.value for u in ups] == [4 * m * c for c in clients]

@@ -34,6 +34,23 @@ def test_weighted_and_dp_sums_go_through_the_field():
     assert 0 < diff <= field.quantization()["secagg_quantization_bound"] + 1e-6  # 12 bits: visibly quantised
     dp = ClientLevelDPSum(64, 1.0, 0.0, 5.0, g, "cpu", field=FieldQuantizer(12, 1.0, 5))
     dp.add(x)
-    ref = ClientLevelDPSum(64, 1.0, 0.0, 5.0, g, "cpu")
+    ref = ClientLevelDPSum(64, dp.row_clip, 0.0, 5.0, g, "cpu")  # the field's DP sum clips to S − √m·0.5/scale
     ref.add(x)
     assert 0 < (dp.finish() - ref.finish()).abs().max().item() <= dp.quantization()["secagg_quantization_bound"] / 5 + 1e-6
+
+
+@pytest.mark.parametrize("bits,dim", [(8, 1000), (12, 64), (32, 5000)])
+def test_a_rows_contribution_in_the_field_stays_within_s_after_rounding(bits, dim):
+    """Under client-level DP with SecAgg the released sum moves by what one row adds in the field: that row rounded
+    to the grid. Rounding adds up to 0.5/scale per coordinate (√m·0.5/scale in norm), so the row is clipped below S
+    by that much first; the decoded contribution's norm is ≤ S (up to the float32 cast, 2⁻²⁴ relative). Fails if
+    rows are clipped to S itself."""
+    g = torch.Generator().manual_seed(1)
+    field = FieldQuantizer(bits, 1.0, 1)
+    worst = 0.0
+    for _ in range(20):
+        x = torch.randn(1, dim, generator=g) * 10
+        one = ClientLevelDPSum(dim, 1.0, 0.0, 1.0, g, "cpu", field=field)
+        one.add(x)
+        worst = max(worst, one.sum().double().norm().item())
+    assert worst <= 1.0 * (1 + 2.0 ** -23)

@@ -62,7 +62,7 @@ def _median_profile(name: str) -> Profile:
 def _const(up=1e6, down=2e6, lat=0.1, flops=1e9, **kw) -> Profile:
     c = lambda v: {"dist": "constant", "value": v}  # noqa: E731
     return Profile.from_config({"name": "t", "uplink_bps": c(up), "downlink_bps": c(down), "latency_s": c(lat),
-                                "flops_per_s": c(flops), **kw})
+                                "flops_per_s": c(flops), "server_flops_per_s": 1e12, **kw})
 
 
 # --- the shipped profiles ---------------------------------------------------------------------------------
@@ -109,6 +109,90 @@ def test_extra_exchanges_and_bytes():
     assert t.total_s[0] == pytest.approx(0.512) and t.duration_s == pytest.approx(0.512)
 
 
+def test_rtt_conventions_and_connection_set_up():
+    # L = 0.1 s, bytes 0, flops 2e6 at 1 GFLOP/s = 0.002 s. rtt_per_exchange e = 2, connect_rtt c = 3, one extra
+    # exchange (exchanges = 3) and extra_rtt = 1.5: download (3 + 2)·0.1 = 0.5, upload 2·0.1 = 0.2,
+    # total = 0.5 + 0.002 + 0.2 + ((3 − 2)·2 + 1.5)·0.1 = 1.052 s
+    p = _const(rtt_per_exchange=2, connect_rtt=3)
+    t = round_timing(Devices(p, 1, 0), p, np.array([0]), 0, 0, down_bytes=0, up_bytes=0, flops=2e6, exchanges=3,
+                     extra_rtt=1.5)
+    assert (t.download_s[0], t.upload_s[0], t.total_s[0]) == pytest.approx((0.5, 0.2, 1.052))
+    # every new cost term may be 0: no latency at all, only compute
+    z = _const(rtt_per_exchange=0, connect_rtt=0, secagg_rtt_per_round=0, secagg_agreement_flops=0, secagg_prg_flops=0)
+    t = round_timing(Devices(z, 1, 0), z, np.array([0]), 0, 0, down_bytes=0, up_bytes=0, flops=2e6, exchanges=4,
+                     extra_rtt=z.secagg_rtt_per_round * 3)  # as Deployment.admit charges SecAgg's 3 rounds
+    assert t.total_s[0] == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("name", ["mobile", "broadband", "datacenter"])
+def test_shipped_profiles_keep_the_conventions(name):
+    """The shipped defaults reproduce the byte/latency conventions before they were parameters: 1 RTT per exchange,
+    no connection set-up, 2 RTTs per SecAgg round; the server is the cited A100 (19.5 TFLOP/s FP32 peak)."""
+    p = Profile.from_config(OmegaConf.load(CONF / f"{name}.yaml"))
+    assert (p.server_flops_per_s, p.rtt_per_exchange, p.connect_rtt, p.secagg_rtt_per_round) == (19.5e12, 1, 0, 2)
+    assert p.secagg_agreement_flops > 0 and p.secagg_prg_flops > 0  # the ASSUMPTIONS in the yaml comments
+
+
+# --- the server's modelled work (fedrun.schemes.*.server_flops): closed forms at small sizes ------------------
+
+def _scheme(cls, n, local_steps=1, **kw):
+    import torch
+
+    from fedrun.schemes.base import Env
+
+    s = cls(**kw)
+    s.setup(Env(n=n, device=torch.device("cpu"), seed=0, num_clients=4, local_steps=local_steps))
+    return s
+
+
+def test_server_flops_fedavg_and_fl_freq():
+    from fedrun.schemes.dct import FreqScheme
+    from fedrun.schemes.fedavg import FedAvg
+    from fedrun.schemes.random import RandomCoordinatesScheme
+
+    assert _scheme(FedAvg, 10).server_flops(10) == 20  # w += η·update: 2n
+    assert _scheme(FedAvg, 10, server_momentum=0.9).server_flops(10) == 40  # + v = ρv + update: 2n
+    assert _scheme(RandomCoordinatesScheme, 10, r=0.5).server_flops(10) == 20  # scatter: memory only
+    # FL-FREQ n = 8, r = 0.5: Φᵀ of length 8 = 2.5·8·3 + 4·8 = 92; + the step 16
+    assert _scheme(FreqScheme, 8, r=0.5).server_flops(8) == 108
+
+
+def test_server_flops_fl_cs_is_the_solver_budget():
+    import torch
+
+    from fedrun.schemes.dct import CompressiveSensingScheme as CS
+
+    # n = 16, r = 0.5 → m = 8; P = 2 chunks of c = 8 (5-smooth already): T = 2·92 = 184, N = 16.
+    # λ path at lam_rel 0.05, ratio 0.3: [0.3, 0.09, 0.05] → S = 3; max_iter 20: early stages 2·⌊10/2⌋ = 10, I = 20.
+    fista = _scheme(CS, 16, r=0.5, chunks=2, max_iter=20, lam_rel=0.05)
+    assert fista.solver_bound() == (3, 20)
+    # 4m + (3 + 2S)(T + 2N) + (I + 1)T + I(T + 15N) + 2n = 32 + 9·216 + 21·184 + 20·424 + 32
+    assert fista.server_flops(16) == 32 + 1944 + 3864 + 8480 + 32 == 14352
+    # OWL-QN, per chunk T_c = 92, c = 8, M = 6: 4m + 2(T + 2N) + T + P[(1 + 2S)(T_c + 2c) + I(2T_c + 37c)] + 2n
+    owlqn = _scheme(CS, 16, r=0.5, chunks=2, max_iter=20, lam_rel=0.05, solver="owlqn")
+    assert owlqn.server_flops(16) == 32 + 432 + 184 + 2 * (7 * 108 + 20 * (184 + 296)) + 32 == 21392
+    # the count is the budget, never the run: an upper bound of what the solver did, unchanged by decoding
+    before = fista.server_flops(16)
+    fista.decode(1, torch.randn(8, generator=torch.Generator().manual_seed(0)))
+    assert 0 < fista.metrics["cs_iterations"] <= fista.solver_bound()[1] and fista.server_flops(16) == before
+    assert _scheme(CS, 16, r=0.5, chunks=2, max_iter=3, lam_rel=0.001).solver_bound() == (6, 6)  # 5 early + 1
+
+
+def test_server_flops_sketches():
+    from fedrun.schemes.sketch import FedSketch
+    from fedrun.schemes.sketchedsgd import SketchedSGD
+
+    # n = 100, t = 4 rows, k = 5 cols, m = k = 5. PRIVIX A = n·t·(1 + ⌈log₂4⌉) = 1200; heavy hitters
+    # B = A + n·(1 + ⌈log₂5⌉) = 1600; the step 2n = 200.
+    kw = dict(rows=4, cols=5)
+    assert _scheme(FedSketch, 100, unsketch="privix", **kw).server_flops(100) == 1200 + 200
+    # HEAPRIX sketch-only: B + 2mt + tk + A + m = 1600 + 40 + 20 + 1200 + 5
+    assert _scheme(FedSketch, 100, unsketch="heaprix", heavy_values="sketch", **kw).server_flops(100) == 2865 + 200
+    # HEAPRIX with exact values: the query's B, then 2mt + tk + A
+    assert _scheme(FedSketch, 100, unsketch="heaprix", heavy_values="exact", **kw).server_flops(100) == 2860 + 200
+    assert _scheme(SketchedSGD, 100, **kw).server_flops(100) == 1600 + 200  # the query's B; decode places v̄
+
+
 def test_per_client_flops_array():
     p = _const()
     t = round_timing(Devices(p, 4, 0), p, np.array([0, 3]), 0, 0, down_bytes=0, up_bytes=0, flops=np.array([1e9, 3e9]))
@@ -139,7 +223,7 @@ def test_lognormal_draws():
     p = Profile.from_config({"name": "t", "uplink_bps": {"dist": "lognormal", "median": 1e7, "sigma": 0.8},
                              "downlink_bps": {"dist": "uniform", "low": 1e6, "high": 3e6},
                              "latency_s": {"dist": "lognormal", "median": 0.03, "sigma": 0.5, "max": 0.05},
-                             "flops_per_s": {"dist": "constant", "value": 5e9}})
+                             "flops_per_s": {"dist": "constant", "value": 5e9}, "server_flops_per_s": 1e12})
     d = Devices(p, 20_000, seed=3)
     logs = np.log(d.up_bps)
     assert np.exp(np.median(logs)) == pytest.approx(1e7, rel=0.03)
@@ -213,7 +297,8 @@ def _trace(tmp_path, table) -> str:
 
 def _trace_profile(path, flops_median=10e9) -> Profile:
     return Profile.from_config({"name": "trace", "trace": path, "latency_s": {"dist": "constant", "value": 0.02},
-                                "flops_per_s": {"dist": "lognormal", "median": flops_median, "sigma": 0.6}})
+                                "flops_per_s": {"dist": "lognormal", "median": flops_median, "sigma": 0.6},
+                                "server_flops_per_s": 1e12})
 
 
 def test_trace_units(tmp_path):
@@ -242,7 +327,7 @@ def test_trace_assignment(tmp_path):
 
 GOOD = {"name": "x", "uplink_bps": {"dist": "constant", "value": 1e6},
         "downlink_bps": {"dist": "constant", "value": 1e6}, "latency_s": {"dist": "constant", "value": 0.01},
-        "flops_per_s": {"dist": "constant", "value": 1e9}}
+        "flops_per_s": {"dist": "constant", "value": 1e9}, "server_flops_per_s": 1e12}
 
 
 @pytest.mark.parametrize("change, words", [
@@ -263,6 +348,14 @@ GOOD = {"name": "x", "uplink_bps": {"dist": "constant", "value": 1e6},
     ({"deadline_s": "soon"}, "deadline_s"),
     ({"trace": "/no/such/file.pkl"}, "network.trace"),
     ({"name": ""}, "name"),
+    ({"server_flops_per_s": None}, "network.server_flops_per_s: missing"),
+    ({"server_flops_per_s": 0}, "network.server_flops_per_s = 0: must be > 0.0"),
+    ({"server_flops_per_s": "fast"}, "network.server_flops_per_s = 'fast': expected a finite number"),
+    ({"rtt_per_exchange": -1}, "network.rtt_per_exchange = -1: must be >= 0.0"),
+    ({"connect_rtt": True}, "network.connect_rtt = True: expected a finite number"),
+    ({"secagg_rtt_per_round": -0.5}, "network.secagg_rtt_per_round = -0.5: must be >= 0.0"),
+    ({"secagg_agreement_flops": math.inf}, "network.secagg_agreement_flops = inf: expected a finite number"),
+    ({"secagg_prg_flops": None}, "network.secagg_prg_flops = None: expected a finite number"),
 ])
 def test_refusals(change, words):
     with pytest.raises(ValueError) as e:

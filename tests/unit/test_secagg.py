@@ -243,3 +243,48 @@ def test_codec_refusals():
         fq.bound(5)
     with pytest.raises(ValueError, match="NaN"):
         fq.encode(torch.tensor([[float("nan")]]))
+
+
+def _deployment(max_clients=50, protocol="secagg", bits=20):
+    import numpy as np
+
+    from fedrun.deployment import Deployment, SecAggSettings
+
+    return Deployment(None, SecAggSettings(protocol, bits, 1.0), num_clients=50, seed=0, flops_per_sample=0.0,
+                      samples=np.ones(50), max_clients=max_clients)
+
+
+def test_field_scale_is_the_runs_bound_not_the_rounds_cohort():
+    """The field's scale is set by the run's public bound, not by how many clients a round has: the same 3 rows
+    quantise to the same field sum whether 3 or 4 clients take part, and the 4th adds exactly its own encoding
+    (under client-level DP, one more client changes no other client's rounding)."""
+    dep = _deployment()
+    rows = torch.rand(4, 257, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2 - 1
+    q3, q4 = dep.quantizer(3), dep.quantizer(4)
+    assert q3.scale == q4.scale == FieldQuantizer(20, 1.0, 50).scale
+    sum3 = _field_sum(q3, q3.encode(rows[:3]))
+    sum4 = _field_sum(q4, q4.encode(rows))
+    assert torch.equal(_field_sum(q4, q4.encode(rows[:3])), sum3)
+    assert torch.equal(q4.add(sum3, q4.encode(rows[3:]).squeeze(0)), sum4)
+    assert torch.equal(q3.decode(sum3), q4.decode(_field_sum(q4, q4.encode(rows[:3]))))
+    with pytest.raises(ValueError, match="51 summands exceed the field's bound max_clients=50"):
+        dep.quantizer(51)
+    with pytest.raises(ValueError, match="need at least 9"):  # the bits must hold the run's bound
+        _deployment(max_clients=200, bits=8)
+
+
+@pytest.mark.parametrize("protocol", ["secagg", "secagg_plus"])
+def test_fewer_than_two_clients_fail_the_round_without_an_instance(protocol):
+    """0 or 1 selected client: no SecAgg instance can run (its threshold is ≥ 2): the round fails, nothing is
+    uploaded or released, no protocol bytes are charged, and the metrics say so — no traceback."""
+    import numpy as np
+
+    dep = _deployment(protocol=protocol)
+    for clients in (np.array([], dtype=np.int64), np.array([3])):
+        active, failed = dep.admit(1, clients, np.zeros(len(clients)), 100, 10)
+        assert failed and len(active) == 0
+        assert dep.metrics["secagg_uplink_bytes"] == dep.metrics["secagg_downlink_bytes"] == 0
+        assert dep.metrics["secagg_survivors"] == len(clients) and dep.metrics["secagg_min_survivors"] == 2
+        assert dep.close(0.0)["secagg_failed"] == 1
+    active, failed = dep.admit(1, np.array([3, 4]), np.zeros(2), 100, 10)  # two: an instance, and no dropout
+    assert not failed and list(active) == [3, 4] and dep.close(0.0)["secagg_failed"] == 0

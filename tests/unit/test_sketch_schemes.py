@@ -280,7 +280,7 @@ def test_sketchedsgd_with_every_coordinate_heavy_is_fedsgd():
 
 # small sketches often give tied |estimates| (coordinates whose median picks the same bin); with these seeds the
 # heavy-set boundary is tie-free in all three rounds, so the reference heavy set is unambiguous
-@pytest.mark.parametrize("seed", [1, 4])
+@pytest.mark.parametrize("seed", [0, 8])
 def test_sketchedsgd_momentum_error_feedback_reference(seed):
     scheme = SketchedSGD(rows=5, cols=10, num_heavy=4, momentum=0.5, server_lr=2.0)
     sim = make_sim(scheme, steps=1, seed=seed)

@@ -1,0 +1,385 @@
+"""Neighbouring federations: for every DP configuration fedrun accepts, the released pre-noise quantity moves by at
+most the sensitivity the accountant was charged for.
+
+The configurations are enumerated from the validator: every option of the config groups sampler × network (each
+profile, plus a deadline with and without over-selection) × secagg × scheme, under dp=true and the local modes, is
+put through fedrun's own edge (``prepare``, then the pre-data builders of ``fedrun.run``: sampler, over-selection,
+client/local DP, the scheme and its SecAgg check, the deployment). What they refuse is refused; every other
+combination is run here, so a newly accepted one is covered without anyone adding it.
+
+Client-level DP: the round's pipeline (``Simulation.run_round``: sampling, the clock and its report goal, SecAgg's
+admission and field, the codec, the privatizer) runs on a federation D and its neighbour D′ under the accountant's
+relation — D′ = D plus one client for Poisson-type sampling (add/remove-one), D′ = D with one client replaced for
+fixed-size cohorts — with all randomness coupled (every stream is read at client ids, so the extra client changes
+nothing else) and an adversarial neighbour: its update far beyond the clip norm, in a chosen direction, on the
+fastest device. The released pre-noise quantity is the DP sum before its noise (in SecAgg's field: the decoded field
+sum). The charged sensitivity comes from the event the accountant recorded for that round: noise std σS over the
+event's noise multiplier (× 2 for a replace-one event, and for the truncated-Poisson event's replace branch when
+the cap binds in D′).
+
+Local DP: the released pre-noise quantity is each client's update (noise is added to it, coupled); the neighbour
+replaces one sample of one client; the charged sensitivity is that client's Δ_l (L1 for Laplace, L2 for Gaussian).
+
+Tolerances: float32 round-off of a sum of at most K + 1 rows of norm ≤ the clip, 2⁻²³ relative per term.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fedrun.config import ConfigError
+from fedrun.models.nets import build_model
+from fedrun.privacy.mechanisms import FixedSizeGaussianEvent, PoissonGaussianEvent, TruncatedPoissonGaussianEvent
+from fedrun.simulation import Simulation
+from fedrun.training import ClientData, LocalSpec
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+N_CLIENTS, DIM_IN = 24, 63  # the linear model: 64 parameters
+CLIP = 1.0
+DRAWS = 12  # rounds (coupled draws) per configuration and neighbour
+BASE = ["~experiment", "dataset=mnist", "model=lenet5", "delta=1e-5", f"num_clients={N_CLIENTS}", "sample_rate=0.25",
+        "clients_per_round=6", "rounds=5", "tracking=none", "progress=off", "r=0.25", "eval_every=1",
+        "local_mode=gd", "local_steps=2", "lr=0.05", "batch_size=10"]
+CLIENT_DP = ["dp=true", "noise_multiplier=1.0", f"clipping_norm={CLIP}"]
+LOCAL_DP = {"local_laplace": ["dp=local_laplace", "epsilon=4", "local_clip=1.0", "local_clip_ord=1",
+                              "local_clip_mode=per_sample"],
+            "local_gaussian": ["dp=local_gaussian", "epsilon=4", "local_clip=1.0", "local_clip_ord=2",
+                               "local_clip_mode=per_sample"]}
+#: network options: each profile, and a deadline with and without over-selection (on the mobile profile)
+NETWORK_VARIANTS = {"deadline": {"over_selection": 1.0, "deadline_s": 0.1},
+                    "over_selection_deadline": {"over_selection": 1.3, "deadline_s": 0.1}}
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@dataclass(frozen=True)
+class Case:
+    scheme: str
+    dp: str
+    sampler: str
+    network: str
+    secagg: str
+    accountant: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.scheme}-{self.dp}-{self.sampler}-{self.network}-{self.secagg}-{self.accountant}"
+
+
+_BASES: dict = {}
+
+
+def _config(case: Case, data_root: str | None = None) -> dict:
+    """The resolved config dict of ``case``, composed as the CLI composes it (Hydra, then the group files)."""
+    from conftest import compose
+
+    key = (case.scheme, case.dp, case.accountant)
+    if key not in _BASES:
+        extra = CLIENT_DP if case.dp == "true" else LOCAL_DP[case.dp]
+        _BASES[key] = compose(BASE + [f"scheme={case.scheme}", f"accountant={case.accountant}", *extra])
+    cfg = _BASES[key].copy()
+    OmegaConf.set_struct(cfg, False)
+    cfg.sampler = OmegaConf.load(CONF / "sampler" / f"{case.sampler}.yaml")
+    net = case.network.split("+")
+    cfg.network = OmegaConf.load(CONF / "network" / f"{net[0]}.yaml")
+    if len(net) > 1:
+        cfg.network = OmegaConf.merge(cfg.network, NETWORK_VARIANTS[net[1]])
+    cfg.secagg = OmegaConf.load(CONF / "secagg" / f"{case.secagg}.yaml")
+    if case.secagg != "none" and case.dp != "true":
+        cfg.secagg.clip = 10.0  # without client-level DP the field's range is given
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def _networks() -> list[str]:
+    return _options("network") + [f"mobile+{v}" for v in NETWORK_VARIANTS]
+
+
+def _all_cases() -> list[Case]:
+    dps = ["true", *LOCAL_DP]
+    return [Case(*c) for c in itertools.product(_options("scheme"), dps, _options("sampler"), _networks(),
+                                                 _options("secagg"), ("rdp", "pld"))]
+
+
+# ----------------------------------------------------------------------------------------- the pipeline
+@dataclass
+class Pipeline:
+    """What fedrun's builders make of a config, before any data: the pieces a Simulation is built from."""
+
+    cfg: object
+    profile: object
+    sampler_factory: object
+    factor: float
+    goal: int | None
+    scheme_node: dict
+    client_dp: object
+
+
+def accept(c: dict) -> Pipeline:
+    """fedrun's edge on ``c``: raises ConfigError (or the builders' ValueError) where fedrun refuses it."""
+    from fedrun.config import check_secagg_codec
+    from fedrun.run import _instantiate, load, make_client_dp, make_sampler, prepare
+
+    prepare(c)
+    cfg = load(c)
+    profile, sampler, factor, goal = make_sampler(cfg, N_CLIENTS)
+    node = {k: v for k, v in cfg.scheme.items() if k != "name"}
+    scheme = _instantiate(node)
+    if cfg.secagg.get("name", "none") != "none":
+        check_secagg_codec(cfg.secagg["name"], cfg.scheme_name, scheme)
+    client_dp = make_client_dp(cfg, sampler, factor, goal) if cfg.dp == "client" else None
+    if cfg.dp != "client":
+        from fedrun.dp import _participations
+
+        _participations(sampler, cfg.rounds, cfg.seed, cfg.dp)
+    # the scheme's own set-up refusals (e.g. full participation) on a throwaway federation
+    pipe = Pipeline(cfg, profile, lambda n: make_sampler(cfg, n)[1], factor, goal, node, client_dp)
+    simulation(pipe, _federation(np.random.default_rng(0), N_CLIENTS))
+    return pipe
+
+
+def _federation(rng: np.random.Generator, clients: int, samples: int = 4):
+    x = torch.as_tensor(rng.standard_normal((clients * samples, DIM_IN)), dtype=torch.float32)
+    y = torch.as_tensor(rng.standard_normal(clients * samples), dtype=torch.float32)
+    parts = [np.arange(i * samples, (i + 1) * samples) for i in range(clients)]
+    return x, y, parts
+
+
+def simulation(pipe: Pipeline, federation, max_clients: int | None = None, fastest: int | None = None) -> Simulation:
+    """A Simulation of the linear model on ``federation`` with the config's sampler, scheme, DP and deployment."""
+    from fedrun.dp import make_local_dp
+    from fedrun.run import _instantiate, make_audit, make_deployment
+
+    cfg = pipe.cfg
+    x, y, parts = federation
+    n = len(parts)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build_model("lr", in_features=DIM_IN)
+    spec = LocalSpec(mode="gd", steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr, clip_norm=cfg.local_clip,
+                     loss="mse", clip_mode=cfg.local_clip_mode, clip_ord=cfg.local_clip_ord)
+    sampler = pipe.sampler_factory(n)
+    local_dp = make_local_dp(cfg, sampler, parts, spec, x_train=x) if cfg.dp.startswith("local") else None
+    dep = make_deployment(cfg, pipe.profile, model, x, y, parts, spec, "mse", report_goal=pipe.goal, sampler=sampler)
+    if dep is not None and max_clients is not None:  # the field's bound is the run's public constant (D's)
+        dep.max_clients = max_clients
+    if dep is not None and dep.devices is not None and fastest is not None:  # the adversary's device
+        d = dep.devices
+        d.up_bps[fastest], d.down_bps[fastest] = d.up_bps.max() * 10, d.down_bps.max() * 10
+        d.latency_s[fastest], d.flops_per_s[fastest] = d.latency_s.min() / 10, d.flops_per_s.max() * 10
+    return Simulation(model=model, data=ClientData(x, y, parts), x_test=x[:4], y_test=y[:4], sampler=sampler,
+                      scheme=_instantiate(pipe.scheme_node), spec=spec, seed=cfg.seed, client_dp=pipe.client_dp,
+                      local_dp=local_dp, audit=make_audit(cfg), deployment=dep)
+
+
+# ----------------------------------------------------------------------------------------- client-level DP
+def _updates(sim: Simulation, rnd: int, clients: np.ndarray, adversary: int | None, direction: torch.Tensor):
+    """Each client's update for round ``rnd``: a direction and a norm from 0.2 to 3 clips read at its id; the
+    adversary's is 10 clips along ``direction``."""
+    rows = []
+    for c in clients:
+        if c == adversary:
+            rows.append(10 * CLIP * direction)
+            continue
+        g = torch.Generator().manual_seed(int(c) * 1_000_003 + rnd)
+        v = torch.randn(sim.n, generator=g)
+        rows.append(v / v.norm() * CLIP * (0.2 + 2.8 * torch.rand(1, generator=g)))
+    return torch.stack(rows) if rows else torch.zeros(0, sim.n)
+
+
+def _released(sim: Simulation, adversary: int | None, direction: torch.Tensor, rounds: range):
+    """Per round: (the DP sum before noise (float64), its rows, the event the accountant recorded, the cohort)."""
+    out, box = [], {}
+    close = sim.privatizer.close
+
+    def capture(rnd, agg):
+        box["sum"], box["rows"] = agg.sum().double(), agg.seen
+        return close(rnd, agg)
+
+    sim.privatizer.close = capture
+    for rnd in rounds:
+        def train(clients, r, correction=None, rnd=rnd):
+            if len(clients):
+                yield np.asarray(clients), sim.params + _updates(sim, rnd, clients, adversary, direction), \
+                    torch.zeros(len(clients))
+        sim.train = train
+        box.clear()
+        sim.run_round(rnd)
+        event = sim.accountant.events[-1] if sim.accountant.events and "sum" in box else None
+        out.append((box.get("sum"), box.get("rows", 0), event))
+    return out
+
+
+def charged(event, noise_std: float, cap_binds: bool) -> float:
+    """The sensitivity the accountant was charged for by ``event``, the noise std being ``noise_std``."""
+    if isinstance(event, PoissonGaussianEvent):
+        return noise_std / event.noise_multiplier
+    if isinstance(event, FixedSizeGaussianEvent):  # replace-one: the event charges 2 units
+        return 2 * noise_std / event.noise_multiplier
+    if isinstance(event, TruncatedPoissonGaussianEvent):  # add/remove; its replace branch where the cap binds
+        return (2 if cap_binds else 1) * noise_std / event.noise_multiplier
+    raise AssertionError(f"no sensitivity known for {event!r}")
+
+
+def client_level_changes(pipe: Pipeline, draws: int = DRAWS) -> tuple[float, float]:
+    """(largest measured change / charged sensitivity over draws and directions, largest measured change in units
+    of S) for the neighbour relation of the config's sampling."""
+    dp = pipe.client_dp
+    replace = dp.sampling == "fixed_size"
+    fed = _federation(np.random.default_rng(1), N_CLIENTS)
+    big = _federation(np.random.default_rng(1), N_CLIENTS + (0 if replace else 1))  # D′: the same clients, + one
+    base = simulation(pipe, fed)
+    max_clients = base.deployment.max_clients if base.deployment is not None else None
+    worst_ratio = worst = 0.0
+    adversary = 3 if replace else N_CLIENTS  # replace-one: client 3 becomes the adversary
+    for k, direction in enumerate(_directions(base.scheme.payload_dim, base.n)):
+        d = simulation(pipe, fed, max_clients)
+        d2 = simulation(pipe, big, max_clients, fastest=adversary)
+        rounds = range(1 + k * draws, 1 + (k + 1) * draws)
+        for rnd, (s, rows, event), (s2, rows2, event2) in zip(
+                rounds, _released(d, None, direction, rounds), _released(d2, adversary, direction, rounds)):
+            if s is None or s2 is None:  # SecAgg aborted on either side: nothing released there (see the module doc)
+                ABORTS[pipe.cfg.secagg["name"]] = ABORTS.get(pipe.cfg.secagg["name"], 0) + (s is None) + (s2 is None)
+                continue
+            assert event == event2
+            binds = dp.sampling == "capped_poisson" and _drawn(d2, rnd) > dp.cohort_size
+            bound = charged(event2, dp.noise_multiplier * dp.clipping_norm, binds)
+            change = (s2 - s).norm().item()
+            tol = 2.0 ** -23 * (max(rows, rows2) + 1) ** 2 * CLIP
+            worst_ratio = max(worst_ratio, (change - tol) / bound)
+            worst = max(worst, change / dp.clipping_norm)
+    return worst_ratio, worst
+
+
+ABORTS: dict[str, int] = {}  # rounds SecAgg aborted on one side of a pair, per protocol
+
+
+def _drawn(sim: Simulation, rnd: int) -> int:
+    """How many clients the capped sampler's Poisson draw took in round ``rnd`` (before its cap)."""
+    from fedrun.rng import numpy_rng
+
+    return int((numpy_rng(sim.seed, "sampler", rnd).random(sim.num_clients) < sim.sampler.probability).sum())
+
+
+def _directions(payload_dim: int, n: int) -> list[torch.Tensor]:
+    """Two adversarial directions in the update space: a basis vector and the all-ones direction."""
+    e = torch.zeros(n)
+    e[0] = 1.0
+    return [e, torch.ones(n) / math.sqrt(n)]
+
+
+# ----------------------------------------------------------------------------------------- the tests
+_ACCEPTED: dict = {}
+
+
+def accepted_cases(data_root: str | None = None) -> dict[Case, Pipeline]:
+    """Every enumerated case fedrun accepts, with its pipeline (computed once per session)."""
+    if not _ACCEPTED:
+        for case in _all_cases():
+            try:
+                _ACCEPTED[case] = accept(_config(case))
+            except (ConfigError, ValueError):
+                continue
+    return _ACCEPTED
+
+
+# ----------------------------------------------------------------------------------------- local DP
+def local_changes(pipe: Pipeline) -> float:
+    """‖u′_l − u_l‖ / Δ_l in round 1 (the same global model on both sides; full-batch steps draw nothing): one client
+    of the round's cohort has its first sample replaced by an adversarial one (far outside the data, so its clipped
+    per-sample gradient is at ζ in every step); u is each client's update before its noise. Every other client's
+    update must not move at all."""
+    fed = _federation(np.random.default_rng(1), N_CLIENTS)
+    x, y, parts = fed
+    for rnd in range(1, 9):  # the first round that uploads anything (SecAgg may abort a round)
+        target = int(simulation(pipe, fed).select(rnd)[0])
+        x2, y2 = x.clone(), y.clone()
+        x2[parts[target][0]], y2[parts[target][0]] = 100.0, -100.0
+        sims = [simulation(pipe, f) for f in (fed, (x2, y2, parts))]
+        ups: list[dict] = [{}, {}]
+        for sim, box in zip(sims, ups):
+            upload = sim.privatizer.upload
+
+            def capture(r, ids, payload, box=box, upload=upload):
+                for i, c in enumerate(np.asarray(ids)):
+                    box[int(c)] = payload[i].double().clone()
+                return upload(r, ids, payload)
+
+            sim.privatizer.upload = capture
+            sim.run_round(rnd)
+        assert ups[0].keys() == ups[1].keys()
+        if target in ups[0]:
+            break
+    else:  # SecAgg aborted every round: nothing was released
+        ABORTS[pipe.cfg.secagg["name"]] = ABORTS.get(pipe.cfg.secagg["name"], 0) + 8
+        return 0.0
+    ord_ = 1 if pipe.cfg.dp == "local_laplace" else 2
+    for c, u in ups[0].items():
+        if c != target:
+            assert torch.equal(ups[1][c], u), f"client {c} changed with client {target}'s data"
+    change = torch.linalg.vector_norm(ups[1][target] - ups[0][target], ord=ord_).item()
+    # float32 round-off of E steps of η·(mean of clipped gradients), each coordinate at most ηζ, over DIM_IN + 1
+    tol = 2.0 ** -22 * pipe.cfg.local_steps * pipe.cfg.lr * pipe.cfg.local_clip * (DIM_IN + 1)
+    return (change - tol) / float(sims[0].local_dp.sens[target])
+
+
+def _sample(cases: list[Case]) -> list[Case]:
+    """One case per (dp, sampler, network, secagg) family: FL-STD where it is accepted, else the first accepted."""
+    seen, out = set(), []
+    for case in sorted(cases, key=lambda c: (c.scheme != "fl_std", c.id)):
+        family = (case.dp, case.sampler, case.network, case.secagg)
+        if family not in seen:
+            seen.add(family)
+            out.append(case)
+    return out
+
+
+def _check(case: Case, pipe: Pipeline) -> float:
+    if pipe.cfg.dp == "client":
+        ratio, _ = client_level_changes(pipe)
+    else:
+        ratio = local_changes(pipe)
+    assert ratio <= 1.0, f"{case.id}: the released quantity moved {ratio:.4f} × the charged sensitivity"
+    return ratio
+
+
+# the fast suite: the pipeline on a handful of families (every family and codec: pytest -m neighbour)
+FAST_CASES = [Case("fl_std", "true", "poisson", "mobile", "secagg_plus", "rdp"),
+              Case("fl_cs", "true", "poisson", "broadband", "none", "pld"),
+              Case("fl_rnd", "true", "uniform", "mobile", "secagg", "rdp"),
+              Case("fl_std", "true", "poisson_capped", "mobile+over_selection_deadline", "none", "pld"),
+              Case("fl_std", "true", "poisson", "mobile+deadline", "none", "rdp"),
+              Case("ldp_fedavg", "local_laplace", "round_robin", "mobile+deadline", "secagg", "rdp"),
+              Case("fl_std", "local_gaussian", "all", "datacenter", "none", "rdp")]
+
+
+@pytest.mark.parametrize("case", FAST_CASES, ids=lambda c: c.id)
+def test_neighbour_change_within_the_charged_sensitivity(case):
+    _check(case, accept(_config(case)))
+
+
+@pytest.mark.neighbour
+def test_neighbour_every_accepted_dp_configuration(capsys):
+    """Every accepted configuration, enumerated from the validator; prints the per-family figures."""
+    cases = accepted_cases()
+    assert len(cases) > 400 and {c.dp for c in cases} == {"true", "local_laplace", "local_gaussian"}
+    families: dict = {}
+    for case, pipe in cases.items():
+        ratio = _check(case, pipe)
+        fam = (case.dp, case.sampler, "report goal" if pipe.goal else "no report goal", case.secagg)
+        families[fam] = max(families.get(fam, 0.0), ratio)
+    with capsys.disabled():
+        print(f"\nneighbour harness: {len(_all_cases())} enumerated, {len(cases)} accepted, {DRAWS} draws × 2 "
+              f"directions per client-level configuration, one round per local one; SecAgg aborts on one side "
+              f"(skipped): {ABORTS}")
+        for fam, ratio in sorted(families.items()):
+            print(f"  {' · '.join(fam)}: largest change / charged = {ratio:.4f}")
