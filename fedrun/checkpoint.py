@@ -31,8 +31,9 @@ from fedrun.config import VOLATILE, ConfigError, deployment_keys
 
 CHECKPOINT = "checkpoint.pt"
 SIDECAR = "checkpoint.json"
-FORMAT = 3  # 3: the simulation's server state (momentum, who holds f¹) apart from the scheme's codec state
-READABLE = (3,)
+FORMAT = 4  # 4: the codec's seed derived one way from the run's (a format-3 run would change its sketch hashes,
+#            FL-RND coordinates and DCT shuffle mid-run); 3: the server state apart from the codec's
+READABLE = (4,)
 #: checkpoint_every=auto keeps the time spent saving (the final save included) within this share of the run's
 AUTO_SHARE = 0.05
 #: keys outside the hash that names a run's configuration (where it is logged, how it is driven)

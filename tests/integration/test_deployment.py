@@ -324,3 +324,14 @@ def test_too_few_bits_for_the_runs_largest_cohort_is_a_config_error(fast_cfg):
                                           r"and 0 canaries in the field: need at least 9$"):
         build(_plain(fast_cfg(*MNIST, "num_clients=200", "sample_rate=0.05", "secagg=secagg", "secagg.clip=1",
                               "secagg.bits=8")))
+
+
+def test_cfg_job_prints_the_epsilon_that_holds_under_a_report_goal(fast_cfg):
+    """What `fedrun --cfg job` prints below the config: σ calibrated for 2S under over-selection's report goal, and
+    the ε it spends (≤ the target), computed before any data is loaded."""
+    c = ("epsilon=1", "delta=1e-5", "rounds=20", "clipping_norm=0.05", "dp=true", "num_clients=40", "sample_rate=0.25")
+    line = privacy_report(_plain(fast_cfg(*MNIST, *c, "network=mobile")))
+    assert "sensitivity 2S: a report goal lets an added client push out a kept one" in line
+    eps = float(line.split("ε = ")[1].split(" ")[0])
+    assert 0.98 <= eps <= 1.0
+    assert "report goal" not in privacy_report(_plain(fast_cfg(*MNIST, *c, "network=datacenter")))
