@@ -518,6 +518,83 @@ def pld_accounts(dp: ClientDP) -> bool:
     return "pld" in SAMPLING_ACCOUNTANTS[dp.sampling]
 
 
+def _key_metric(built: Built) -> str:
+    return "test_accuracy" if built.info["task"] == "classification" else "test_mse"
+
+
+def round_metrics(built: Built, rnd: int, loop: LoopState) -> dict[str, float]:
+    """Run round ``rnd`` and gather its metrics: the round's own, the ledger's, paper 000's cost, ε, and (every
+    ``eval_every`` rounds and at the last) the evaluation, which updates ``loop``'s best and early-stopping state.
+    Raises :class:`RunDiverged` on NaN/inf in the global model or the training loss."""
+    sim, cfg = built.sim, built.cfg
+    classification, key = built.info["task"] == "classification", _key_metric(built)
+    better = (lambda a, b: a > b) if classification else (lambda a, b: a < b)
+    t0 = time.perf_counter()
+    metrics = built.run_round(rnd)
+    if sim.device.type == "cuda":
+        torch.cuda.synchronize(sim.device)
+    loss = metrics.get("train_loss", math.nan)
+    if not torch.isfinite(sim.params).all() or (metrics["clients"] and not math.isfinite(loss)):
+        raise RunDiverged(f"the run diverged at round {rnd}: NaN/inf in the global model or the training "
+                          f"loss (metrics up to round {rnd - 1} are kept); try a smaller lr")
+    metrics = {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
+    metrics.update(sim.ledger.metrics())
+    metrics["cost_bits"] = paper_cost_bits(sim.scheme.compression_ratio, sim.n, rnd, sim.sampler.fraction)
+    evaluated = rnd % cfg.eval_every == 0 or rnd == cfg.rounds
+    metrics.update(epsilons(sim, last=rnd == cfg.rounds))
+    if "epsilon" in metrics:
+        metrics.update(sim.privatizer.diagnostics)
+    metrics["round_seconds"] = time.perf_counter() - t0
+    if evaluated:
+        ev = sim.evaluate("test")
+        metrics["test_loss"] = ev["loss"]
+        metrics[key] = ev["accuracy"] if classification else ev["mse"]
+        if not loop.best or better(metrics[key], loop.best["value"]):
+            loop.best = {"value": metrics[key], "round": rnd, "cost": metrics["cost_bits"],
+                         "uplink": metrics["uplink_bytes_total"], "epsilon": metrics.get("epsilon", math.nan)}
+    if evaluated and cfg.patience > 0:
+        ev = sim.evaluate("validation")
+        val = ev["accuracy"] if classification else ev["mse"]
+        metrics["val_" + key.removeprefix("test_")] = val
+        if loop.best_val is None or better(val, loop.best_val):
+            loop.best_val, loop.since_best = val, 0
+        else:
+            loop.since_best += 1
+    return metrics
+
+
+def run_summary(built: Built, loop: LoopState) -> dict[str, float]:
+    """The run's summary from its rows: the best evaluation and what it cost, the final bytes and ε, and with the
+    simulated clock the time to each target."""
+    cfg, key = built.cfg, _key_metric(built)
+    last = loop.rows[-1]
+    best = loop.best
+    summary = {f"best_{key}": best["value"], "best_round": float(best["round"]),
+               "cost_bits_at_best": best["cost"], "uplink_bytes_at_best": best["uplink"],
+               "rounds_completed": float(last["round"]),
+               "uplink_bytes_final": last["uplink_bytes_total"], "downlink_bytes_final": last["downlink_bytes_total"]}
+    if "epsilon" in last:
+        summary["epsilon_final"] = last["epsilon"]
+        summary["epsilon_at_best"] = best["epsilon"]
+    if loop.stopped is not None:
+        summary["stopped_round"] = float(loop.stopped)
+    if "sim_time_s" in last:  # the simulated clock (network=…): when the targets were reached
+        from fedrun.network import time_to
+
+        times = [row.get("sim_time_s", math.nan) for row in loop.rows]
+        summary["sim_time_s_final"] = last["sim_time_s"]
+        targets = {"time_to_accuracy_s": (key, cfg.network.get("target_accuracy")),
+                   "time_to_epsilon_s": ("epsilon", cfg.network.get("target_epsilon"))}
+        for name, (metric, target) in targets.items():
+            if target is not None and metric in last:
+                sign = 1.0 if metric == "epsilon" or built.info["task"] == "classification" else -1.0
+                values = [sign * row.get(metric, math.nan) for row in loop.rows]
+                summary[name] = time_to(sign * float(target), values, times)
+    if "secagg_failed" in last:
+        summary["secagg_failed_rounds"] = float(sum(row.get("secagg_failed", 0.0) for row in loop.rows))
+    return summary
+
+
 def run_rounds(built: Built, tracker, out_dir: Path, loop: LoopState | None = None,
                stop: "StopFlag | None" = None) -> dict[str, float]:
     """Drive the rounds of a built simulation (from ``loop.round + 1`` when resuming); returns the summary.
@@ -533,11 +610,7 @@ def run_rounds(built: Built, tracker, out_dir: Path, loop: LoopState | None = No
 
     sim, cfg = built.sim, built.cfg
     rounds = cfg.rounds
-    task = built.info["task"]
-    key = "test_accuracy" if task == "classification" else "test_mse"
-    better = (lambda a, b: a > b) if task == "classification" else (lambda a, b: a < b)
-    r = sim.scheme.compression_ratio
-    fraction = sim.sampler.fraction
+    key = _key_metric(built)
     loop = loop or LoopState()
     schedule = CheckpointSchedule(cfg.checkpoint_every)
     logged_up_to = tracker.last_step("uplink_bytes_total") if loop.round else 0
@@ -556,38 +629,7 @@ def run_rounds(built: Built, tracker, out_dir: Path, loop: LoopState | None = No
 
     try:
         for rnd in range(loop.round + 1, rounds + 1):
-            t0 = time.perf_counter()
-            metrics = built.run_round(rnd)
-            if sim.device.type == "cuda":
-                torch.cuda.synchronize(sim.device)
-            loss = metrics.get("train_loss", math.nan)
-            if not torch.isfinite(sim.params).all() or (metrics["clients"] and not math.isfinite(loss)):
-                raise RunDiverged(f"the run diverged at round {rnd}: NaN/inf in the global model or the training "
-                                  f"loss (metrics up to round {rnd - 1} are kept); try a smaller lr")
-            metrics = {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
-            metrics.update(sim.ledger.metrics())
-            metrics["cost_bits"] = paper_cost_bits(r, sim.n, rnd, fraction)
-            evaluated = rnd % cfg.eval_every == 0 or rnd == rounds
-            metrics.update(epsilons(sim, last=rnd == rounds))
-            if "epsilon" in metrics:
-                metrics.update(sim.privatizer.diagnostics)
-            metrics["round_seconds"] = time.perf_counter() - t0
-            if evaluated:
-                ev = sim.evaluate("test")
-                metrics["test_loss"] = ev["loss"]
-                metrics[key] = ev["accuracy"] if task == "classification" else ev["mse"]
-                if not loop.best or better(metrics[key], loop.best["value"]):
-                    loop.best = {"value": metrics[key], "round": rnd, "cost": metrics["cost_bits"],
-                                 "uplink": metrics["uplink_bytes_total"],
-                                 "epsilon": metrics.get("epsilon", math.nan)}
-            if evaluated and cfg.patience > 0:
-                ev = sim.evaluate("validation")
-                val = ev["accuracy"] if task == "classification" else ev["mse"]
-                metrics["val_" + key.removeprefix("test_")] = val
-                if loop.best_val is None or better(val, loop.best_val):
-                    loop.best_val, loop.since_best = val, 0
-                else:
-                    loop.since_best += 1
+            metrics = round_metrics(built, rnd, loop)
             row = {"round": rnd, **metrics}
             loop.rows.append(row)
             csv_log.rows.append(row)
@@ -616,32 +658,7 @@ def run_rounds(built: Built, tracker, out_dir: Path, loop: LoopState | None = No
         if csv_log.rows:
             plot_curve(csv_log.rows, key, out_dir / f"{key}.png",
                        f"{built.names['scheme']} on {built.names['dataset']} ({built.names['model']})")
-    last = loop.rows[-1]
-    best = loop.best
-    summary = {f"best_{key}": best["value"], "best_round": float(best["round"]),
-               "cost_bits_at_best": best["cost"], "uplink_bytes_at_best": best["uplink"],
-               "rounds_completed": float(last["round"]),
-               "uplink_bytes_final": last["uplink_bytes_total"], "downlink_bytes_final": last["downlink_bytes_total"]}
-    if "epsilon" in last:
-        summary["epsilon_final"] = last["epsilon"]
-        summary["epsilon_at_best"] = best["epsilon"]
-    if loop.stopped is not None:
-        summary["stopped_round"] = float(loop.stopped)
-    if "sim_time_s" in last:  # the simulated clock (network=…): when the targets were reached
-        from fedrun.network import time_to
-
-        times = [row.get("sim_time_s", math.nan) for row in loop.rows]
-        summary["sim_time_s_final"] = last["sim_time_s"]
-        targets = {"time_to_accuracy_s": (key, cfg.network.get("target_accuracy")),
-                   "time_to_epsilon_s": ("epsilon", cfg.network.get("target_epsilon"))}
-        for name, (metric, target) in targets.items():
-            if target is not None and metric in last:
-                sign = 1.0 if metric == "epsilon" or task == "classification" else -1.0
-                values = [sign * row.get(metric, math.nan) for row in loop.rows]
-                summary[name] = time_to(sign * float(target), values, times)
-    if "secagg_failed" in last:
-        summary["secagg_failed_rounds"] = float(sum(row.get("secagg_failed", 0.0) for row in loop.rows))
-    return summary
+    return run_summary(built, loop)
 
 
 def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None) -> dict[str, float]:
