@@ -447,11 +447,6 @@ class MetricsCSV:
             tmp.replace(self.path.with_name(self.PRIVACY))
 
 
-def has_dp(sim: Simulation) -> bool:
-    """Does the run release anything under DP (client-level or local)? Then the metrics ε does not cover are marked."""
-    return sim.client_dp is not None or sim.local_dp is not None
-
-
 def plot_curve(rows: list[dict[str, float]], key: str, path: Path, title: str) -> None:
     import matplotlib
 
@@ -614,7 +609,7 @@ def run_rounds(built: Built, tracker, out_dir: Path, loop: LoopState | None = No
     loop = loop or LoopState()
     schedule = CheckpointSchedule(cfg.checkpoint_every)
     logged_up_to = tracker.last_step("uplink_bytes_total") if loop.round else 0
-    csv_log = MetricsCSV(out_dir / "metrics.csv", dp=has_dp(sim))
+    csv_log = MetricsCSV(out_dir / "metrics.csv", dp=sim.privatizer.mode != "off")
     csv_log.rows = list(loop.rows)
     pending: list[dict[str, float]] = []
     progress = Progress(rounds, cfg.progress, start=loop.round)
@@ -705,7 +700,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     tags.update(built.sim.scheme.tags)
     params = flatten({k: v for k, v in c.items() if k not in ("hydra", "resume")})  # the logged params: the dict
     run_name = cfg.run_name or f"{names['scheme']}-{names['dataset']}"
-    tracker.set_dp(has_dp(built.sim))  # before any metric: what ε does not cover goes under nonprivate/
+    tracker.set_dp(built.sim.privatizer.mode != "off")  # before any metric: what ε does not cover goes under nonprivate/
     tracker.start(params, tags, run_name=run_name, run_id=run_id)
     log_source(tracker, out)  # the code it runs: commit, and a dirty tree's diff as an artifact (fedrun.provenance)
     if ckpt_path is None:
