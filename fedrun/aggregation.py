@@ -19,6 +19,7 @@ Both are pure tensor math; they know nothing about schemes or tracking.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -94,8 +95,8 @@ class ClientLevelDPSum(FieldSum):
     is clipped to S − √dim·0.5/scale instead, so that after rounding to the field's grid its norm is still ≤ S."""
 
     def __init__(self, dim: int, clipping_norm: float, noise_multiplier: float, expected_clients: float,
-                 generator: torch.Generator, device: torch.device | str, dtype: torch.dtype = torch.float32,
-                 field=None) -> None:
+                 generator: torch.Generator | Sequence[tuple[float, torch.Generator]], device: torch.device | str,
+                 dtype: torch.dtype = torch.float32, field=None) -> None:
         if not clipping_norm > 0:
             raise ValueError(f"clipping_norm={clipping_norm} must be > 0")
         if noise_multiplier < 0:
@@ -105,7 +106,8 @@ class ClientLevelDPSum(FieldSum):
         self.clipping_norm = float(clipping_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_clients = float(expected_clients)
-        self.generator = generator
+        # the noise: Σ wᵢ·Zᵢ over (weight, generator) pairs, Zᵢ i.i.d. N(0, σ²S²) (one generator: weight 1)
+        self.noise_rows = [(1.0, generator)] if isinstance(generator, torch.Generator) else list(generator)
         super().__init__(dim, device, field, dtype)
         # in a field each coordinate is rounded to the grid (≤ 0.5/scale): clip so the rounded row's norm is ≤ S too
         self.row_clip = self.clipping_norm - (0.5 * math.sqrt(dim) / field.scale if field is not None else 0.0)
@@ -126,13 +128,17 @@ class ClientLevelDPSum(FieldSum):
 
     def finish(self) -> torch.Tensor:
         std = self.noise_multiplier * self.clipping_norm
-        noise = gaussian_noise(self.total.shape, std, self.generator, device=self.total.device, dtype=self.dtype)
-        return (self.sum() + noise) / self.expected_clients
+        out = self.sum()
+        for weight, generator in self.noise_rows:
+            out = out + weight * gaussian_noise(self.total.shape, std, generator, device=self.total.device,
+                                                dtype=self.dtype)
+        return out / self.expected_clients
 
     def diagnostics(self) -> dict[str, float]:
         return {
             "dp_clipped_fraction": self.clipped / self.seen if self.seen else 0.0,
             "dp_mean_norm": self.norm_sum / self.seen if self.seen else 0.0,
             "dp_clients": float(self.seen),
-            "dp_noise_std": self.noise_multiplier * self.clipping_norm / self.expected_clients,
+            "dp_noise_std": self.noise_multiplier * self.clipping_norm / self.expected_clients
+            * math.sqrt(sum(w * w for w, _ in self.noise_rows)),
         }

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from fedrun.config import VOLATILE, ConfigError, deployment_keys
+from fedrun.config import OPTIONAL_GROUPS, VOLATILE, ConfigError, deployment_keys
 
 CHECKPOINT = "checkpoint.pt"
 SIDECAR = "checkpoint.json"
@@ -47,7 +47,7 @@ def config_hash(c: dict) -> str:
     the same hash ran the same experiment, so a sweep with ``skip_finished=true`` need not run it twice."""
     import hashlib
 
-    keep = {k: v for k, v in c.items() if k not in UNHASHED and k not in ("network", "secagg")}
+    keep = {k: v for k, v in c.items() if k not in UNHASHED and k not in OPTIONAL_GROUPS}
     keep.update(deployment_keys(c))
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -162,6 +162,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise ConfigError("dp=true needs clipping_norm=S (the L2 clip of each client's transmitted vector)")
     if mode == "client":
         check_dp_sampler(cfg)
+    check_noise(cfg, mode)
     part = cfg.get("partition", {}).get("name")
     if part not in PARTITIONS + ("auto",):
         raise ConfigError(f"partition={part!r} is unknown; allowed: {', '.join(PARTITIONS)}")
@@ -209,17 +210,47 @@ def check_dp_sampler(cfg: Mapping[str, Any]) -> None:
 
     name, sampling = getattr(cls, "name", cls.__name__), getattr(cls, "dp_sampling", None)
     if sampling not in SAMPLING_ACCOUNTANTS:
-        raise ConfigError(f"dp=true needs sampler=poisson, uniform or poisson_capped (the cohorts an accountant "
+        raise ConfigError(f"dp=true needs sampler=poisson, uniform, poisson_capped or cyclic (the cohorts an accountant "
                           f"knows); got sampler={name}")
     accountant, allowed = cfg.get("accountant"), SAMPLING_ACCOUNTANTS[sampling]
     if accountant not in allowed:
         raise ConfigError(f"accountant={accountant} is not available with sampler={name} ({sampling} cohorts): "
                           f"{UNSUPPORTED_PAIRS[sampling, accountant]}; allowed: accountant={'|'.join(allowed)}")
     canaries = (cfg.get("audit") or {}).get("canaries", 0)
-    if canaries and sampling != "poisson":
-        raise ConfigError(f"audit.canaries={canaries} needs sampler=poisson (each canary takes part with probability "
-                          f"C, like a Poisson-sampled client); got sampler={name}; allowed: sampler=poisson or "
+    if canaries and sampling not in ("poisson", "schema"):
+        raise ConfigError(f"audit.canaries={canaries} needs sampler=poisson or cyclic (each canary takes part like a "
+                          f"client of those cohorts); got sampler={name}; allowed: sampler=poisson|cyclic or "
                           f"audit.canaries=0")
+
+
+def check_noise(cfg: Mapping[str, Any], mode: str) -> None:
+    """``noise=``: a known mechanism with its own knob (banded: ``bands``, blt: ``buffers``); correlated noise only
+    with client-level DP and a sampler that enforces a participation schema (``sampler=cyclic``): its ε assumes no
+    amplification by sampling, and a Poisson cohort's one would be that of another mechanism."""
+    from fedrun.privacy.factorization import STRATEGIES
+
+    noise = cfg.get("noise") or {"name": "independent"}
+    name = noise.get("name")
+    if name not in STRATEGIES:
+        raise ConfigError(f"noise={name!r} is not allowed; use {'|'.join(STRATEGIES)}")
+    knob = {"banded": ("bands", 1, None), "blt": ("buffers", 1, 8)}.get(name)
+    if knob is not None:
+        key, low, high = knob
+        v = noise.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
+            raise ConfigError(f"noise.{key}={v!r} is not allowed; use an integer in [{low}, {high or 'rounds'}]")
+    extra = set(noise) - {"name"} - ({knob[0]} if knob else set())
+    if extra:
+        raise ConfigError(f"noise={name} takes no {', '.join(sorted(extra))}")
+    if name == "independent":
+        return
+    if mode != "client":
+        raise ConfigError(f"noise={name} is client-level DP noise; dp={cfg.get('dp')} has none; allowed: dp=true, or "
+                          f"noise=independent")
+    cls = _sampler_class(cfg)
+    if cls is not None and getattr(cls, "dp_sampling", None) != "schema":
+        raise ConfigError(f"noise={name} needs sampler=cyclic (a participation schema: correlated noise assumes no "
+                          f"amplification by sampling); got sampler={getattr(cls, 'name', cls.__name__)}")
 
 
 def check_partition(dataset: "DatasetConfig", partition: str) -> None:
@@ -416,9 +447,13 @@ def resolve_deployment(c: dict[str, Any], scheme_cls: type) -> None:
                               f"clients (poisson, uniform, poisson_capped); got sampler={c['sampler'].get('name', sampler)}")
 
 
+#: groups hashed only where they differ from their default (a config without them hashes as before they existed)
+OPTIONAL_GROUPS = {"network": "none", "secagg": "none", "noise": "independent"}
+
+
 def deployment_keys(c: Mapping[str, Any]) -> dict[str, Any]:
-    """``network`` and ``secagg`` where they are on (a config without them hashes as before they existed)."""
-    return {k: c[k] for k in ("network", "secagg") if (c.get(k) or {}).get("name", "none") != "none"}
+    """``network``, ``secagg`` and ``noise`` where they are not their default (:data:`OPTIONAL_GROUPS`)."""
+    return {k: c[k] for k, off in OPTIONAL_GROUPS.items() if (c.get(k) or {}).get("name", off) != off}
 
 
 SERVER_OPTS = ("paper", "on", "momentum", "off")
@@ -582,6 +617,7 @@ class RunConfig:
     run_name: str | None
     network: Mapping[str, Any] = field(default_factory=lambda: {"name": "none"})
     secagg: Mapping[str, Any] = field(default_factory=lambda: {"name": "none"})
+    noise: Mapping[str, Any] = field(default_factory=lambda: {"name": "independent"})
     record: Mapping[str, Any] = field(repr=False, default_factory=dict)
 
 

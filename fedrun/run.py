@@ -124,8 +124,10 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0, report_
 
     sampling, n = sampler.dp_sampling, sampler.num_clients
     if sampling is None:
-        raise ConfigError(f"dp=true needs sampler=poisson, uniform or poisson_capped (the cohorts an accountant "
+        raise ConfigError(f"dp=true needs sampler=poisson, uniform, poisson_capped or cyclic (the cohorts an accountant "
                           f"knows); got sampler={sampler.name}")
+    if sampling == "schema":
+        return schema_client_dp(cfg, sampler, 2.0 if report_goal is not None else 1.0)
     if sampling == "poisson":
         q = sampler.poisson_probability
         cohort: dict[str, Any] = {}
@@ -167,6 +169,43 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0, report_
     return dp
 
 
+def schema_client_dp(cfg: RunConfig, sampler, unit: float = 1.0) -> ClientDP:
+    """Client-level DP under the participation schema (k, b) the sampler enforces (``sampler=cyclic``), with the noise
+    of ``noise=`` (:func:`fedrun.privacy.factorization.strategy`): the run's release C·G + Z is one Gaussian mechanism
+    with sensitivity s_T·S, s_T the largest ‖C·u‖ over the schema's participation patterns (× ``unit``, 2 where an
+    added client could push out a kept one); σ is calibrated for ε after the run's rounds, and round t is charged the
+    growth of the prefix sensitivity s_t (:meth:`ClientDP.event`). No amplification by sampling is assumed."""
+    from fedrun.privacy.accounting import calibrate_noise_multiplier, compute_epsilon
+    from fedrun.privacy.factorization import prefix_sensitivities, round_noise_matrix, strategy
+
+    noise, rounds, delta, acct = dict(cfg.noise), cfg.rounds, float(cfg.delta), cfg.accountant
+    k, b = sampler.schema(rounds)
+    try:
+        B, C, banded = strategy(noise["name"], rounds, k, b, bands=noise.get("bands"), buffers=noise.get("buffers"))
+        sens = unit * prefix_sensitivities(C, k, b, banded=banded)
+        eps, sigma = cfg.epsilon, cfg.noise_multiplier
+        if eps is not None and math.isinf(float(eps)):
+            raise ConfigError("dp=true with epsilon=inf adds no noise; use dp=false for the non-private run")
+        if sigma is None:
+            sigma = float(sens[-1]) * calibrate_noise_multiplier(float(eps), 1.0, 1, delta, acct)
+        elif eps is not None:
+            reached = compute_epsilon(float(sigma) / float(sens[-1]), 1.0, 1, delta, acct)
+            if reached > float(eps) * (1 + 1e-9):
+                raise ConfigError(f"noise_multiplier={sigma} and epsilon={eps} disagree: σ={sigma} gives ε={reached:.4g} "
+                                  f"after {rounds} rounds (noise={noise['name']}, k={k}, b={b}, δ={delta}); give only one")
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    dp = ClientDP(clipping_norm=float(cfg.clipping_norm), noise_multiplier=float(sigma), sampling_probability=1.0,
+                  expected_clients=sampler.expected_clients, delta=delta, accountant=str(acct), sampling="schema",
+                  num_clients=sampler.num_clients, add_remove_sensitivity=unit, noise=noise["name"], schema=(k, b),
+                  sensitivities=tuple(float(x) for x in sens), noise_weights=round_noise_matrix(B))
+    if float(sigma) > 0 and log.isEnabledFor(logging.INFO):
+        log.info(epsilon_report(dp, rounds))
+    return dp
+
+
 def privacy_report(c: dict) -> str:
     """What ``fedrun --cfg job`` prints below the config: the ε this config would spend under its cohort sampling,
     with the other sampling's ε beside it (:func:`epsilon_report`), computed before any data is loaded."""
@@ -187,6 +226,13 @@ def epsilon_report(dp: ClientDP, rounds: int, compare: bool = False) -> str:
 
     sigma, q, n, delta, acct = dp.charged_noise_multiplier, dp.sampling_probability, dp.num_clients, dp.delta, \
         dp.accountant
+    if dp.sampling == "schema":
+        (k, b), s = dp.schema, dp.sensitivities[-1]
+        eps = compute_epsilon(sigma, 1.0, 1, delta, acct)
+        return (f"dp: noise={dp.noise}, participation schema k = {k} (each client at most {k} of {rounds} rounds), "
+                f"b = {b} (at least {b} rounds apart), no amplification by sampling, {acct.upper()} (Gaussian "
+                f"mechanism on the run's release, zero-out neighbours, sensitivity {s:.4g} S): ε = {eps:.4g} after "
+                f"{rounds} rounds (σ = {dp.noise_multiplier:.4g}, δ = {delta:g})")
     cohort = {} if dp.sampling == "poisson" else {"sampling": dp.sampling, "num_clients": n,
                                                   "cohort_size": dp.cohort_size}
     eps = compute_epsilon(sigma, q, rounds, delta, acct, **cohort)

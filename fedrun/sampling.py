@@ -7,6 +7,9 @@
 * :class:`UniformSampler` — a fixed number k of distinct clients uniformly at random, i.e. k of N without
   replacement (client-level DP: replace-one neighbours, RDP);
 * :class:`RoundRobinSampler` — b clients per round in a fixed cyclic order (paper 001);
+* :class:`CyclicSampler` — the clients split once into G fixed groups that take turns (group (t − 1) mod G in round
+  t): a participation schema, each client at most ⌈T/G⌉ times, G rounds apart (client-level DP with correlated
+  noise: :mod:`fedrun.privacy.factorization`; no amplification by sampling is claimed);
 * :class:`AllSampler` — every client every round (FedSKETCHGATE's full participation).
 """
 
@@ -29,6 +32,11 @@ class Sampler:
     #: how client-level DP accounts this sampler's rounds (``fedrun.privacy.accounting.SAMPLING_ACCOUNTANTS``):
     #: "poisson", "fixed_size", "capped_poisson"; None where no accountant applies (client-level DP refused)
     dp_sampling: str | None = None
+
+    def schema(self, rounds: int) -> tuple[int, int] | None:
+        """(k, b): every client takes part in at most k of ``rounds`` rounds, any two at least b rounds apart,
+        whatever the seed (a participation schema the sampler enforces); None where it promises none."""
+        return None
 
     def __init__(self, num_clients: int) -> None:
         if int(num_clients) < 1:
@@ -171,6 +179,52 @@ class RoundRobinSampler(Sampler):
     @property
     def expected_clients(self) -> float:
         return float(self.k)
+
+
+class CyclicSampler(Sampler):
+    """The clients, in a seeded order, split into G = ⌊N / clients_per_round⌋ fixed groups of clients_per_round or
+    one more (``np.array_split``); round t (1-based) takes group (t − 1) mod G. So each client takes part in at most
+    k = ⌈T / G⌉ of T rounds, exactly G rounds apart (b-min-separation with b = G): :meth:`schema`. Client-level DP
+    accounts it by the participation schema alone (``dp_sampling = "schema"``: the release is one Gaussian mechanism
+    with the strategy matrix's sensitivity under (k, b)), neighbours by zero-out (one client's contributions replaced
+    by nothing; its slot in its group kept)."""
+
+    name = "cyclic"
+    dp_sampling = "schema"
+
+    def __init__(self, num_clients: int, clients_per_round: int) -> None:
+        super().__init__(num_clients)
+        if isinstance(clients_per_round, bool) or int(clients_per_round) != clients_per_round \
+                or not 1 <= int(clients_per_round) <= self.num_clients:
+            raise ValueError(f"clients_per_round={clients_per_round} must be an integer in [1, num_clients="
+                             f"{self.num_clients}]")
+        self.k = int(clients_per_round)
+        self.groups = self.num_clients // self.k
+        self._group_of: dict[int, np.ndarray] = {}
+
+    def group_of(self, seed: int) -> np.ndarray:
+        """Each client's group index in [0, G) (the same for every round of a run)."""
+        if seed not in self._group_of:
+            group = np.empty(self.num_clients, dtype=np.int64)
+            order = numpy_rng(seed, "cyclic").permutation(self.num_clients)
+            for g, members in enumerate(np.array_split(order, self.groups)):
+                group[members] = g
+            self._group_of = {seed: group}
+        return self._group_of[seed]
+
+    def select(self, rnd: int, seed: int) -> np.ndarray:
+        return np.flatnonzero(self.group_of(seed) == (int(rnd) - 1) % self.groups)
+
+    def schema(self, rounds: int) -> tuple[int, int]:
+        return -(-int(rounds) // self.groups), self.groups
+
+    @property
+    def max_cohort(self) -> int:
+        return -(-self.num_clients // self.groups)
+
+    @property
+    def expected_clients(self) -> float:
+        return self.num_clients / self.groups
 
 
 class AllSampler(Sampler):

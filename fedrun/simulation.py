@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
@@ -28,7 +28,7 @@ from torch import nn
 from fedrun.aggregation import ClientLevelDPSum, WeightedSum
 from fedrun.comm import Ledger, Message
 from fedrun.models.flat import FlatParams
-from fedrun.privacy.mechanisms import (Event, FixedSizeGaussianEvent, PoissonGaussianEvent,
+from fedrun.privacy.mechanisms import (Event, FixedSizeGaussianEvent, GaussianEvent, PoissonGaussianEvent,
                                        TruncatedPoissonGaussianEvent)
 from fedrun.rng import derive_seed, torch_generator
 from fedrun.sampling import Sampler
@@ -67,22 +67,44 @@ class ClientDP:
     num_clients: int | None = None
     cohort_size: int | None = None
     add_remove_sensitivity: float = 1.0
+    noise: str = "independent"
+    schema: tuple[int, int] | None = None
+    sensitivities: tuple[float, ...] | None = None
+    noise_weights: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def charged_noise_multiplier(self) -> float:
         """The noise multiplier the accountant is charged: σ over the sensitivity in units of S (fixed-size cohorts:
-        σ, their event charges 2S itself)."""
+        σ, their event charges 2S itself; a participation schema: the whole run's sensitivity s_T)."""
+        if self.sampling == "schema":
+            return self.noise_multiplier / self.sensitivities[-1]
         return self.noise_multiplier / (1.0 if self.sampling == "fixed_size" else self.add_remove_sensitivity)
 
-    def event(self) -> Event:
-        """The accountant event of one noised client-level sum under this sampling."""
+    def round_noise(self, rnd: int) -> list[tuple[int, float]]:
+        """Round ``rnd``'s noise as (Z row, weight) pairs: Σ weight · Z_row with Z's rows i.i.d. N(0, σ²S²) (row r
+        drawn from the generator of round r + 1, so independent noise is the same draw under every sampler). Under a
+        participation schema, row ``rnd`` of M = A⁻¹B (:func:`fedrun.privacy.factorization.round_noise_matrix`)."""
+        if self.noise_weights is None:
+            return [(rnd - 1, 1.0)]
+        if rnd > self.noise_weights.shape[0]:
+            raise ValueError(f"round {rnd} is past the {self.noise_weights.shape[0]} rounds the noise was planned for")
+        row = self.noise_weights[rnd - 1]
+        return [(int(r), float(row[r])) for r in np.flatnonzero(row)]
+
+    def event(self, rnd: int = 1) -> Event | None:
+        """The accountant event of round ``rnd``'s noised client-level sum under this sampling (None: under a
+        schema, a round that cannot raise the release's sensitivity)."""
+        if self.sampling == "schema":
+            s = self.sensitivities
+            grown = s[rnd - 1] ** 2 - (s[rnd - 2] ** 2 if rnd > 1 else 0.0)
+            return GaussianEvent(self.noise_multiplier / math.sqrt(grown)) if grown > 0 else None
         sigma = self.charged_noise_multiplier
         if self.sampling == "fixed_size":
             return FixedSizeGaussianEvent(sigma, self.num_clients, self.cohort_size)
         if self.sampling == "capped_poisson":
             return TruncatedPoissonGaussianEvent(sigma, self.sampling_probability, self.num_clients, self.cohort_size)
         if self.sampling != "poisson":
-            raise ValueError(f"sampling={self.sampling!r} is not one of poisson, fixed_size, capped_poisson")
+            raise ValueError(f"sampling={self.sampling!r} is not one of poisson, fixed_size, capped_poisson, schema")
         return PoissonGaussianEvent(sigma, self.sampling_probability)
 
 
@@ -132,9 +154,12 @@ class Privatizer:
 
     def noise_std(self) -> float | None:
         """Std of the client-level noise in each coordinate of the aggregate, σS over the fixed denominator (qN, k,
-        …); None without it."""
+        …; correlated noise: its root mean square over the rounds); None without it."""
         dp = self.client_dp
-        return None if dp is None else dp.noise_multiplier * dp.clipping_norm / dp.expected_clients
+        if dp is None:
+            return None
+        gain = 1.0 if dp.noise_weights is None else math.sqrt(float((dp.noise_weights ** 2).sum(1).mean()))
+        return gain * dp.noise_multiplier * dp.clipping_norm / dp.expected_clients
 
     def open(self, rnd: int, clients: np.ndarray, weights: np.ndarray, dim: int, field=None):
         """The round's sum (``field``: summed in secure aggregation's Z_{2^bits}, :mod:`fedrun.secagg`)."""
@@ -144,9 +169,10 @@ class Privatizer:
             return WeightedSum(weights, dim, self.device, field)
         dp = self.client_dp
         agg = ClientLevelDPSum(dim, dp.clipping_norm, self.noise_multiplier, dp.expected_clients,
-                               self.generator(rnd, "client_dp_noise"), self.device, field=field)
+                               [(w, self.generator(r + 1, "client_dp_noise")) for r, w in dp.round_noise(rnd)],
+                               self.device, field=field)
         if self.audit is not None:  # the audit's canary clients upload through the same DP sum
-            agg.add(self.make_canaries(dim).rows(self.generator(rnd, "audit_participation")))
+            agg.add(self.make_canaries(dim).rows(self.generator(rnd, "audit_participation"), rnd))
         return agg
 
     def upload(self, rnd: int, clients: np.ndarray, payload: torch.Tensor) -> torch.Tensor:
@@ -161,7 +187,8 @@ class Privatizer:
     def close(self, rnd: int, agg) -> torch.Tensor:
         out = agg.finish()
         if self.client_dp is not None:
-            self.accountant.record(self.client_dp.event())
+            if (event := self.client_dp.event(rnd)) is not None:
+                self.accountant.record(event)
             self.diagnostics = agg.diagnostics()
             if self.canaries is not None:
                 self.canaries.observe(out)
@@ -175,7 +202,8 @@ class Privatizer:
 
             dp = self.client_dp
             self.canaries = Canaries(self.audit.canaries, dim, dp.clipping_norm, dp.sampling_probability,
-                                     self.generator(0, "audit_canaries"), numpy_rng(self.seed, "audit_included"))
+                                     self.generator(0, "audit_canaries"), numpy_rng(self.seed, "audit_included"),
+                                     period=dp.schema[1] if dp.schema is not None else None)
         if dim != self.canaries.dim:
             raise ValueError(f"the audit's canaries have length {self.canaries.dim}; this aggregation {dim}")
         return self.canaries

@@ -12,6 +12,12 @@ from how the units (clients) of a round were sampled (``SAMPLING_ACCOUNTANTS``: 
   random): add-or-remove-one; PLD only (dp_accounting's ``TruncatedSubsampledGaussianDpEvent``; its RDP
   accountant has none: the "rdp" ε of such events is ∞, which is a valid but useless bound).
 
+* ``"schema"`` (a participation schema the sampler enforces, ``sampler=cyclic``: each client at most k times, at
+  least b rounds apart; no amplification by sampling): zero-out neighbours (one client's contributions replaced by
+  nothing). The T rounds' release is one Gaussian mechanism on C·G (:mod:`fedrun.privacy.factorization`); round t
+  records a ``GaussianEvent`` with σ over the growth of the prefix sensitivity, √(s_t² − s_{t−1}²), so that after
+  round t the composition (exact for Gaussians, RDP and PLD alike) is the Gaussian with σ / s_t.
+
 Events sampled without replacement are never composed with Poisson-sampled ones (different relations).
 
 * ``"rdp"``: Rényi DP of the Poisson-subsampled Gaussian (Mironov, Talwar, Zhang 2019), converted to (ε, δ)
@@ -112,9 +118,10 @@ _log = logging.getLogger(__name__)
 ACCOUNTANTS = ("rdp", "pld")
 #: how a round's units are sampled → the accountants dp_accounting can do it with (fedrun.config refuses the rest)
 SAMPLING_ACCOUNTANTS: dict[str, tuple[str, ...]] = {
-    "poisson": ("rdp", "pld"), "fixed_size": ("rdp",), "capped_poisson": ("pld",)}
+    "poisson": ("rdp", "pld"), "fixed_size": ("rdp",), "capped_poisson": ("pld",), "schema": ("rdp", "pld")}
 #: the neighbouring relation each sampling's ε holds under
-NEIGHBOURING_RELATIONS = {"poisson": "add/remove-one", "fixed_size": "replace-one", "capped_poisson": "add/remove-one"}
+NEIGHBOURING_RELATIONS = {"poisson": "add/remove-one", "fixed_size": "replace-one", "capped_poisson": "add/remove-one",
+                          "schema": "zero-out"}
 #: why an accountant cannot do a sampling (the pairs SAMPLING_ACCOUNTANTS leaves out)
 UNSUPPORTED_PAIRS = {
     ("fixed_size", "pld"): "dp_accounting's PLD accountant has no event for sampling without replacement",

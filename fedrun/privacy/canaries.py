@@ -28,11 +28,15 @@ class Canaries:
     """``num`` canary clients of norm ``norm`` in a ``dim``-long payload domain; see the module docstring."""
 
     def __init__(self, num: int, dim: int, norm: float, sampling_probability: float,
-                 generator: torch.Generator, included_rng: np.random.Generator) -> None:
+                 generator: torch.Generator, included_rng: np.random.Generator, period: int | None = None) -> None:
         if not 0 < sampling_probability <= 1:
             raise ValueError(f"sampling_probability={sampling_probability!r} is outside (0, 1]")
         self.vectors = make_canaries(num, dim, norm, generator)
         self.included = included_rng.random(int(num)) < 0.5
+        # under a participation schema (sampler=cyclic, G groups): each canary joins one group, drawn once, and takes
+        # part in that group's rounds, as the schema allows any client
+        self.period = None if period is None else int(period)
+        self.phase = None if period is None else included_rng.integers(0, self.period, int(num))
         self._included_t = torch.as_tensor(self.included, device=self.vectors.device)
         self.q = float(sampling_probability)
         self.observed = torch.zeros(int(num), dtype=torch.float64, device=self.vectors.device)  # best score so far
@@ -43,9 +47,13 @@ class Canaries:
     def dim(self) -> int:
         return int(self.vectors.shape[1])
 
-    def rows(self, generator: torch.Generator) -> torch.Tensor:
-        """This round's canary uploads: the included canaries a Poisson(q) draw selects ([k, dim])."""
-        draw = torch.rand(self.vectors.shape[0], generator=generator, device=self.vectors.device) < self.q
+    def rows(self, generator: torch.Generator, rnd: int = 1) -> torch.Tensor:
+        """Round ``rnd``'s canary uploads ([k, dim]): the included canaries a Poisson(q) draw selects, or, under a
+        schema, those whose group's turn it is."""
+        if self.period is not None:
+            draw = torch.as_tensor(self.phase == (int(rnd) - 1) % self.period, device=self.vectors.device)
+        else:
+            draw = torch.rand(self.vectors.shape[0], generator=generator, device=self.vectors.device) < self.q
         take = draw & self._included_t
         self.participations += take.cpu().numpy()
         return self.vectors[take]

@@ -296,9 +296,9 @@ def test_capped_poisson_cohort_runs_with_the_truncated_poisson_pld(fast_cfg, tmp
      "accountant=rdp is not available with sampler=poisson_capped (capped_poisson cohorts): dp_accounting's RDP "
      "accountant has no bound for truncated Poisson sampling; allowed: accountant=pld"),
     (["sampler=uniform", "audit.canaries=4"],
-     "audit.canaries=4 needs sampler=poisson (each canary takes part with probability C, like a Poisson-sampled "
-     "client); got sampler=uniform; allowed: sampler=poisson or audit.canaries=0"),
-    (["sampler=all"], "dp=true needs sampler=poisson, uniform or poisson_capped (the cohorts an accountant knows); "
+     "audit.canaries=4 needs sampler=poisson or cyclic (each canary takes part like a client of those cohorts); "
+     "got sampler=uniform; allowed: sampler=poisson|cyclic or audit.canaries=0"),
+    (["sampler=all"], "dp=true needs sampler=poisson, uniform, poisson_capped or cyclic (the cohorts an accountant knows); "
                       "got sampler=all"),
 ])
 def test_unsupported_sampling_and_accountant_pairs_are_refused_before_data_loads(fast_cfg, extra, message):

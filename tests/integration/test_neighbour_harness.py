@@ -17,6 +17,11 @@ sum). The charged sensitivity comes from the event the accountant recorded for t
 event's noise multiplier (× 2 for a replace-one event, and for the truncated-Poisson event's replace branch when
 the cap binds in D′).
 
+Correlated noise under a participation schema (``sampler=cyclic``, ``noise=``): the release is the whole run's
+C·G + Z, one Gaussian mechanism, so the run's T rounds are compared at once: D′ is D with one client's contributions
+zeroed (zero-out, the schema's relation: the client keeps its group), the measured quantity is ‖C·(G′ − G)‖_F over
+the T rounds' DP sums before noise, and the charged sensitivity is σS·√(Σ_t σ_t⁻²) over the events of those rounds.
+
 Local DP: the released pre-noise quantity is each client's update (noise is added to it, coupled); the neighbour
 replaces one sample of one client; the charged sensitivity is that client's Δ_l (L1 for Laplace, L2 for Gaussian).
 
@@ -26,6 +31,7 @@ Tolerances: float32 round-off of a sum of at most K + 1 rows of norm ≤ the cli
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -71,10 +77,11 @@ class Case:
     network: str
     secagg: str
     accountant: str
+    noise: str = "independent"
 
     @property
     def id(self) -> str:
-        return f"{self.scheme}-{self.dp}-{self.sampler}-{self.network}-{self.secagg}-{self.accountant}"
+        return f"{self.scheme}-{self.dp}-{self.sampler}-{self.network}-{self.secagg}-{self.accountant}-{self.noise}"
 
 
 _BASES: dict = {}
@@ -82,6 +89,28 @@ _BASES: dict = {}
 
 def _config(case: Case, data_root: str | None = None) -> dict:
     """The resolved config dict of ``case``, composed as the CLI composes it (Hydra, then the group files)."""
+    import copy
+    import dataclasses
+
+    key = dataclasses.replace(case, noise="independent")
+    if _LAST.get("key") != key:  # the noise group is innermost in _all_cases: the rest is resolved once for it
+        _LAST.update(key=key, c=_resolved(key))
+    c = copy.deepcopy(_LAST["c"])
+    c["noise"] = dict(_noise_file(case.noise))
+    if case.noise == "banded":
+        c["noise"]["bands"] = 2  # ≤ the schema's separation here (4 groups), so its closed-form sensitivity applies
+    return c
+
+
+_LAST: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _noise_file(name: str) -> tuple:
+    return tuple(OmegaConf.to_container(OmegaConf.load(CONF / "noise" / f"{name}.yaml")).items())
+
+
+def _resolved(case: Case) -> dict:
     from conftest import compose
 
     key = (case.scheme, case.dp, case.accountant)
@@ -108,7 +137,7 @@ def _networks() -> list[str]:
 def _all_cases() -> list[Case]:
     dps = ["true", *LOCAL_DP]
     return [Case(*c) for c in itertools.product(_options("scheme"), dps, _options("sampler"), _networks(),
-                                                 _options("secagg"), ("rdp", "pld"))]
+                                                 _options("secagg"), ("rdp", "pld"), _options("noise"))]
 
 
 # ----------------------------------------------------------------------------------------- the pipeline
@@ -231,10 +260,52 @@ def charged(event, noise_std: float, cap_binds: bool) -> float:
     raise AssertionError(f"no sensitivity known for {event!r}")
 
 
+def schema_changes(pipe: Pipeline) -> tuple[float, float]:
+    """(‖C·(G′ − G)‖_F / the run's charged sensitivity, ‖C·(G′ − G)‖_F / S) over the run's rounds, for each
+    direction: D′ = D with the adversary (a client of round 1's group) contributing 10 clips, D with it contributing
+    nothing."""
+    from fedrun.privacy.factorization import strategy
+
+    dp, cfg = pipe.client_dp, pipe.cfg
+    (k, b), T = dp.schema, cfg.rounds
+    _, C, _ = strategy(dp.noise, T, k, b, bands=cfg.noise.get("bands"), buffers=cfg.noise.get("buffers"))
+    fed = _federation(np.random.default_rng(1), N_CLIENTS)
+    adversary = int(simulation(pipe, fed).select(1)[0])  # in round 1's group: the most participations (k) there are
+    worst_ratio = worst = 0.0
+    for direction in _directions(simulation(pipe, fed).scheme.payload_dim, simulation(pipe, fed).n):
+        d, d2 = simulation(pipe, fed), simulation(pipe, fed, fastest=adversary)
+        released = _released(d, adversary, 0 * direction, range(1, T + 1))
+        with _always_available(adversary):
+            released2 = _released(d2, adversary, direction, range(1, T + 1))
+        deltas, rows, events = [], 0, []
+        for (s, r, event), (s2, r2, event2) in zip(released, released2):
+            if s is None or s2 is None:  # SecAgg aborted on either side: nothing released that round
+                ABORTS[cfg.secagg["name"]] = ABORTS.get(cfg.secagg["name"], 0) + (s is None) + (s2 is None)
+                deltas.append(None)
+                continue
+            deltas.append(s2 - s)
+            rows = max(rows, r, r2)
+        dim = next((x.numel() for x in deltas if x is not None), 0)
+        if not dim:
+            continue
+        G = torch.stack([x if x is not None else torch.zeros(dim, dtype=torch.float64) for x in deltas])
+        change = float(torch.linalg.matrix_norm(torch.as_tensor(C) @ G))
+        events = [e for e in d2.accountant.events]
+        assert events == list(d.accountant.events)
+        COMPARED[id(pipe)] = COMPARED.get(id(pipe), 0) + 1
+        bound = dp.noise_multiplier * dp.clipping_norm * math.sqrt(sum(e.noise_multiplier ** -2 for e in events))
+        tol = 2.0 ** -23 * (rows + 1) ** 2 * CLIP * float(np.abs(C).sum())
+        worst_ratio = max(worst_ratio, (change - tol) / bound)
+        worst = max(worst, change / dp.clipping_norm)
+    return worst_ratio, worst
+
+
 def client_level_changes(pipe: Pipeline, draws: int = DRAWS) -> tuple[float, float]:
     """(largest measured change / charged sensitivity over draws and directions, largest measured change in units
     of S) for the neighbour relation of the config's sampling."""
     dp = pipe.client_dp
+    if dp.sampling == "schema":
+        return schema_changes(pipe)
     replace = dp.sampling == "fixed_size"
     fed = _federation(np.random.default_rng(1), N_CLIENTS)
     big = _federation(np.random.default_rng(1), N_CLIENTS + (0 if replace else 1))  # D′: the same clients, + one
@@ -317,9 +388,14 @@ _ACCEPTED: dict = {}
 def accepted_cases(data_root: str | None = None) -> dict[Case, Pipeline]:
     """Every enumerated case fedrun accepts, with its pipeline (computed once per session)."""
     if not _ACCEPTED:
+        from fedrun.config import check_noise, dp_mode
+
         for case in _all_cases():
             try:
-                _ACCEPTED[case] = accept(_config(case))
+                c = _config(case)
+                # the validator's noise rule first (``prepare`` runs it too): most noise × sampler pairs stop here
+                check_noise(c, dp_mode(c["dp"]))
+                _ACCEPTED[case] = accept(c)
             except (ConfigError, ValueError):
                 continue
     return _ACCEPTED
@@ -392,7 +468,11 @@ FAST_CASES = [Case("fl_std", "true", "poisson", "mobile", "secagg_plus", "rdp"),
               Case("fl_std", "true", "poisson_capped", "mobile+over_selection_deadline", "none", "pld"),
               Case("fl_std", "true", "poisson", "mobile+deadline", "none", "rdp"),
               Case("ldp_fedavg", "local_laplace", "round_robin", "mobile+deadline", "secagg", "rdp"),
-              Case("fl_std", "local_gaussian", "all", "datacenter", "none", "rdp")]
+              Case("fl_std", "local_gaussian", "all", "datacenter", "none", "rdp"),
+              Case("fl_cs", "true", "cyclic", "mobile+deadline", "none", "pld", "sqrt_toeplitz"),
+              Case("fl_std", "true", "cyclic", "none", "none", "rdp", "banded"),
+              Case("fl_rnd", "true", "cyclic", "datacenter", "secagg", "rdp", "tree"),
+              Case("fl_std", "true", "cyclic", "mobile+deadline", "none", "pld", "blt")]
 
 
 @pytest.mark.parametrize("case", FAST_CASES, ids=lambda c: c.id)
@@ -408,7 +488,7 @@ def test_neighbour_every_accepted_dp_configuration(capsys):
     families: dict = {}
     for case, pipe in cases.items():
         ratio = _check(case, pipe)
-        fam = (case.dp, case.sampler, "report goal" if pipe.goal else "no report goal", case.secagg)
+        fam = (case.dp, case.sampler, "report goal" if pipe.goal else "no report goal", case.secagg, case.noise)
         worst, configs, compared = families.get(fam, (0.0, 0, 0))
         families[fam] = (max(worst, ratio), configs + 1, compared + COMPARED.get(id(pipe), int(case.dp != "true")))
     with capsys.disabled():
