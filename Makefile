@@ -41,6 +41,7 @@ test-slow: install
 bench: install
 	$(BIN)/python scripts/bench_training.py speed --out results/bench/speed.md
 	$(BIN)/python scripts/bench_training.py memory --out results/bench/memory.md
+	$(BIN)/python scripts/bench_privatizer.py --out results/bench/privatizer.md
 
 # on a CUDA machine (≤ 8 min): CUDA-only tests, speed at 100 and 1,000 clients per round, memory, the default
 # experiment on the GPU → results/bench/gpu.md; without CUDA it stops with a one-line error and writes nothing

@@ -443,8 +443,10 @@ def resolve_deployment(c: dict[str, Any], scheme_cls: type) -> None:
             raise ConfigError(str(exc)) from None
         sampler = str(c.get("sampler", {}).get("_target_", "")).rsplit(".", 1)[-1]
         if profile.over_selection != 1 and sampler not in OVER_SELECTING_SAMPLERS:
+            name = getattr(_sampler_class(c), "name", sampler)
             raise ConfigError(f"network.over_selection={profile.over_selection:g} needs a sampler that can draw more "
-                              f"clients (poisson, uniform, poisson_capped); got sampler={c['sampler'].get('name', sampler)}")
+                              f"clients (poisson, uniform, poisson_capped); got sampler={name}; allowed: one of those, "
+                              f"or network.over_selection=1")
 
 
 #: groups hashed only where they differ from their default (a config without them hashes as before they existed)

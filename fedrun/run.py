@@ -757,9 +757,12 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
                               "fedrun.run_dir": str(out.resolve())})
     if built.sim.client_dp is not None:
         dp = built.sim.client_dp
-        tracker.set_tags({"dp.mechanism": f"{dp.sampling}_subsampled_gaussian", "dp.noise_multiplier": f"{dp.noise_multiplier:.6g}",
+        tracker.set_tags({"dp.mechanism": f"{dp.sampling}_subsampled_gaussian" if dp.schema is None else
+                          f"{dp.noise}_matrix_factorization_gaussian", "dp.noise_multiplier": f"{dp.noise_multiplier:.6g}",
                           "dp.sampling_probability": dp.sampling_probability, "dp.clipping_norm": dp.clipping_norm,
-                          "dp.delta": dp.delta, "dp.accountant": dp.accountant})
+                          "dp.delta": dp.delta, "dp.accountant": dp.accountant,
+                          **({} if dp.schema is None else {"dp.schema": f"k={dp.schema[0]} b={dp.schema[1]}",
+                                                            "dp.sensitivity": f"{dp.sensitivities[-1]:.6g}"})})
     if built.sim.local_dp is not None:
         tracker.set_tags(built.sim.local_dp.tags())  # which sensitivity, and whether its ε is conditional
     if built.sim.audit is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from fedrun.export import ExportError
-from fedrun.reports import common, deploy, fbftl, fedsketch, foundation, fu21, kerkouche21
+from fedrun.reports import common, correlated, deploy, fbftl, fedsketch, foundation, fu21, kerkouche21
 
 K, F = kerkouche21, fedsketch
 REPORTS = {
@@ -36,6 +36,7 @@ REPORTS = {
     "fbftl_tuned": (fbftl.tuned, [fbftl.TUNED, fbftl.FM, fbftl.MF]),
     "foundation_fl_std": (foundation.fl_std, [foundation.EXPORT]),
     "deploy": (deploy.deploy, [deploy.K, deploy.F]),
+    "correlated": (correlated.correlated, [correlated.E]),
 }
 
 #: the reports whose tested claims are one family (Holm over all of them): each paper's; any other report is its own

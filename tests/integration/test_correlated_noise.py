@@ -91,7 +91,8 @@ def test_the_noise_added_is_c_inverse_z(fast_cfg):
     (["noise=banded", "noise.bands=0", "epsilon=1"], "noise.bands=0 is not allowed"),
     (["noise=blt", "noise.buffers=9", "epsilon=1"], "noise.buffers=9 is not allowed"),
     (["noise=banded", "noise.bands=12", "epsilon=1"], "bands"),
-    (["noise=tree", "epsilon=1", "network=mobile"], "network.over_selection=1.3 needs a sampler that can draw more"),
+    (["noise=tree", "epsilon=1", "network=mobile"],
+     "network.over_selection=1.3 needs a sampler that can draw more .*got sampler=cyclic"),
 ])
 def test_correlated_noise_config_errors(fast_cfg, extra, message):
     with pytest.raises(ConfigError, match=message):
@@ -104,11 +105,23 @@ def test_cfg_job_and_first_line_state_mechanism_schema_and_accountant(fast_cfg):
     assert "no amplification" in line and "ε = 0.99" in line
 
 
+AUDITED = [*CYCLIC, "noise=sqrt_toeplitz", "epsilon=2", "audit.canaries=400", "rounds=8", "eval_every=8"]
+
+
 def test_a_correlated_run_logs_epsilon_and_audits_below_it(fast_cfg, tmp_path):
-    summary = run(fast_cfg(*CYCLIC, "noise=sqrt_toeplitz", "epsilon=2", "audit.canaries=40", "rounds=8"),
-                  out_dir=tmp_path)
+    summary = run(fast_cfg(*AUDITED), out_dir=tmp_path)
     with open(tmp_path / "metrics.csv") as f:
         eps = [float(r["epsilon"]) for r in csv.DictReader(f)]
     assert eps == sorted(eps) and eps[-1] <= 2.0
     assert summary["audit_participations_mean"] == 1.0  # 8 rounds, 8 groups: each canary's group once
     assert 0 <= summary["audit_epsilon_lower"] < eps[-1]
+
+
+def test_the_audit_catches_correlated_noise_left_out(fast_cfg, tmp_path, monkeypatch):
+    """The same audited run with a privatizer that adds no noise while ε = 2 is still claimed (a test double): the
+    canaries, taking part by the cyclic schema, give a lower bound above the claimed ε."""
+    from fedrun.simulation import Privatizer
+
+    monkeypatch.setattr(Privatizer, "noise_multiplier", property(lambda self: 0.0))
+    summary = run(fast_cfg(*AUDITED), out_dir=tmp_path)
+    assert summary["epsilon_final"] <= 2.0 < summary["audit_epsilon_lower"]
