@@ -23,6 +23,8 @@ MARKS = ("†", "‡", "§", "¶", "‖", "#")
 #: only collect this report's own (:meth:`Report.verdicts` raises :class:`Collected`, :meth:`Report.curves` draws none)
 FAMILY: dict[str, list[float]] | None = {}
 MET, NOT_MET, OPEN = "met", "not met", "inconclusive"
+#: the verdicts of a claim decided without a test (counted bytes): listed, never counted as met
+TRUE_BY_CONSTRUCTION, FALSE_BY_CONSTRUCTION = "true by construction", "false by construction"
 README = "README.md"
 
 
@@ -192,6 +194,12 @@ def gt(a: dict, b: dict, shift: float = 0.0) -> tuple:
     return contrast(((a, 1.0), (b, -1.0)), ">", shift)
 
 
+def sooner(fast: dict, slow: dict) -> tuple:
+    """``fast`` reaches the target sooner than ``slow``: a time-to-event comparison, runs that never reached it
+    censored at their whole time (log-rank; :meth:`Report.censored`)."""
+    return contrast(((fast, 1.0), (slow, -1.0)), "sooner")
+
+
 def near(a: dict, b: dict, margin: float, center: float = 0.0) -> tuple:
     """|mean(a) − mean(b) − center| < margin (TOST)."""
     return contrast(((a, 1.0), (b, -1.0)), "≈", margin, center)
@@ -241,6 +249,15 @@ class Report:
 
     def values(self, at: Mapping[str, Any], value: str) -> list[float]:
         return finite(self.match(at)[value])
+
+    def censored(self, at: Mapping[str, Any], value: str) -> tuple:
+        """(times, reached) of a cell's runs: ``value`` the time to a target (the run's whole time where it never got
+        there), the frame's ``<value>_reached`` whether it did (a time-to-event outcome, right-censored)."""
+        import numpy as np
+
+        runs = self.match(at)
+        ok = ~runs[value].isna()
+        return (np.asarray(runs[value][ok], dtype=float), np.asarray(runs[f"{value}_reached"][ok], dtype=bool))
 
     def sort(self, names: Sequence[str], keys: Iterable[tuple]) -> list[tuple]:
         return sorted(set(keys), key=lambda k: tuple(self.dims[n].order(v) for n, v in zip(names, k)))
@@ -377,8 +394,21 @@ class Report:
             if kind == "saving":
                 a, b = (mean(v) for v in vals)
                 s = 1 - a / b if b and vals[0] and vals[1] else math.nan
-                return {"verdict": (MET if s >= bound else NOT_MET) if not math.isnan(s) else "not checkable",
+                return {"verdict": (TRUE_BY_CONSTRUCTION if s >= bound else FALSE_BY_CONSTRUCTION)
+                        if not math.isnan(s) else "not checkable",
                         "text": f"saving {s * 100:.1f} % (threshold {bound * 100:.1f} %): " + " vs ".join(brief)}
+            if kind == "sooner":  # time to a target, censored where it was never reached: log-rank
+                (fast, _), (slow, _) = terms
+                got = [self.censored(c, claim.value) for c in (fast, slow)]
+                if any(len(t) < 2 for t, _ in got):
+                    return {"verdict": "not attempted" if any(not len(t) for t, _ in got) else OPEN,
+                            "text": " vs ".join(brief) + ": fewer than 2 runs in a cell"}
+                ps.append(stats.logrank_p(*got))
+                parts.append(" vs ".join(f"{name[repr(c)]}: Kaplan–Meier median {fmt(stats.km_median(*g), '{:.4g}')}, "
+                                         f"reached {int(g[1].sum())} of {len(g[1])}" for c, g in zip((fast, slow), got))
+                             + f": log-rank one-sided p = {ps[-1][0]:.2g} for the claim, {ps[-1][1]:.2g} against")
+                need.append(None)
+                continue
             desc = " ".join(("" if i == 0 and k > 0 else "− " if k < 0 else "+ ") + b
                             for i, ((_, k), b) in enumerate(zip(terms, brief)))
             w = stats.welch(vals, [k for _, k in terms])
@@ -408,7 +438,7 @@ class Report:
             decided = adj <= stats.ALPHA
             t["verdict"] = (MET if t["met"] else NOT_MET) if decided else OPEN
             t["text"] += f"; Holm-adjusted p = {adj:.2g} (family of {len(adjusted)})"
-            if not decided:
+            if not decided and all(t["needed"]):  # (none for a log-rank comparison: no closed-form power here)
                 need = (stats.seeds_needed(w, m, stats.ALPHA / len(adjusted)) for w, m in t["needed"])
                 t["text"] += (f"; seeds per cell for 80 % power at the observed difference and spread, at "
                               f"α/{len(adjusted)}: " + ", ".join(str(n or "over 1,000") for n in need))
@@ -483,9 +513,11 @@ RULE = (f"Rule: each comparison is a difference of cell means over seeds (or a d
         f"**met** or **not met** when its adjusted p is at most α = {stats.ALPHA:g} (so with no true difference a "
         f"decisive verdict comes at most 5 % of the time), else **inconclusive**, with the seeds per cell that would "
         f"give 80 % power at the observed difference and spread at α/m, m the family's size (Holm's strictest step, "
-        f"so an upper bound). The 95 % CI is Welch's, before the family's correction. A "
-        f"saving of counted bytes (no noise) is met when 1 − mean(left)/mean(right) reaches its threshold; a claim "
-        f"true by construction is said so and not counted as met.")
+        f"so an upper bound). The 95 % CI is Welch's, before the family's correction. A time to a target is a "
+        f"censored outcome (a run that never reached it is censored at its whole time): compared by the log-rank "
+        f"test in each direction (one-sided, at α/2), with each cell's Kaplan–Meier median and how many runs reached "
+        f"the target. A saving of counted bytes (no noise) is decided without a test: *true by construction* when "
+        f"1 − mean(left)/mean(right) reaches its threshold (else *false by construction*), and never counted as met.")
 
 
 class Collected(Exception):

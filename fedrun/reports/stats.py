@@ -95,3 +95,18 @@ def seeds_needed(w: Welch, margin: float, alpha: float = ALPHA, cap: int = 1000)
     df = (n - 1) * unit ** 2 / float((np.array([v * k for v, k in w.parts]) ** 2).sum())
     ok = margin * np.sqrt(n / unit) >= stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(POWER, df)
     return int(n[ok][0]) if ok.any() else None
+
+
+def logrank_p(fast: tuple, slow: tuple) -> tuple[float, float]:
+    """(p of *met*, p of *not met*) for "``fast`` reaches the target sooner than ``slow``": each a (times, reached)
+    pair, right-censored where not reached; scipy's log-rank test, one-sided each way (``greater``: the first group's
+    event rate, reaching the target, is the higher one)."""
+    x, y = (stats.CensoredData(uncensored=t[r], right=t[~r]) for t, r in (fast, slow))
+    return float(stats.logrank(x, y, alternative="greater").pvalue), float(stats.logrank(x, y, alternative="less").pvalue)
+
+
+def km_median(times, reached) -> float:
+    """The Kaplan–Meier median time (NaN when fewer than half the runs reached the target)."""
+    sf = stats.ecdf(stats.CensoredData(uncensored=times[reached], right=times[~reached])).sf
+    below = sf.quantiles[sf.probabilities <= 0.5]
+    return float(below[0]) if len(below) else math.nan
