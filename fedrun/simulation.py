@@ -194,6 +194,14 @@ class Privatizer:
                 self.canaries.observe(out)
         return out
 
+    def skip(self, rnd: int) -> None:
+        """A round that released nothing (SecAgg aborted it). Under a participation schema its event is recorded all
+        the same: the rounds' events charge the growth of the prefix sensitivity, which adds up to the run's s_T only
+        if every round is charged (a later release can still carry this round's clients' later participations)."""
+        if self.client_dp is not None and self.client_dp.sampling == "schema":
+            if (event := self.client_dp.event(rnd)) is not None:
+                self.accountant.record(event)
+
     def make_canaries(self, dim: int):
         """The audit's canaries for a ``dim``-long payload (drawn once, from the run's seed)."""
         if self.canaries is None:
@@ -422,6 +430,7 @@ class Simulation:
                 ledger.secagg(dep.metrics["secagg_uplink_bytes"], dep.metrics["secagg_downlink_bytes"])
             if failed:  # SecAgg: too few survivors to unmask (or fewer than 2 clients: no instance); nothing is
                 ledger.uplink(message, len(clients))  # released, the model stays (masked vectors sent before it told)
+                dp.skip(rnd)
                 return {**dep.close(0.0), "clients": 0.0}
             field = dep.quantizer(len(clients) + (self.audit.canaries if self.audit is not None else 0))
         weights = self.weights(clients)

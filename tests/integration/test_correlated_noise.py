@@ -125,3 +125,18 @@ def test_the_audit_catches_correlated_noise_left_out(fast_cfg, tmp_path, monkeyp
     monkeypatch.setattr(Privatizer, "noise_multiplier", property(lambda self: 0.0))
     summary = run(fast_cfg(*AUDITED), out_dir=tmp_path)
     assert summary["epsilon_final"] <= 2.0 < summary["audit_epsilon_lower"]
+
+
+def test_a_round_that_releases_nothing_is_still_charged_under_a_schema(fast_cfg):
+    """SecAgg may abort a round (nothing released). The events charge the growth of the prefix sensitivity, so an
+    uncharged round would leave ε at √(s_T² − s_1²)-worth — below what the later releases can carry (a client of
+    round 1's group takes part again b rounds later, and C's second column is longer than that). Every round is
+    charged: after T rounds ε is the Gaussian with σ / s_T whatever was aborted."""
+    c = fast_cfg(*CYCLIC, "noise=sqrt_toeplitz", "noise_multiplier=3.0", "epsilon=null")
+    sim = build(c).sim
+    pv, dp = sim.privatizer, sim.privatizer.client_dp
+    pv.skip(1)  # round 1: aborted
+    for t in range(2, 11):
+        pv.close(t, pv.open(t, np.zeros(0, dtype=np.int64), np.zeros(0), 16))
+    assert pv.accountant.epsilon("rdp") == pytest.approx(
+        compute_epsilon(3.0 / dp.sensitivities[-1], 1.0, 1, 1e-5), rel=1e-9)
