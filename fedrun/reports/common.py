@@ -211,6 +211,37 @@ def saving(text: str, value: str, left: dict, right: dict, at_least: float, pape
     return Claim(text, value, (contrast(((left, 1.0), (right, -1.0)), "saving", at_least),), paper, where, fixed=fixed)
 
 
+#: every :class:`Report` made in this process (tests read their :attr:`Report.mixed`)
+BUILT: list = []
+#: logged params that do not change a run's result (where it ran from, how it was tracked, checkpointed or resumed;
+#: ``server_lr``'s table is resolved into ``scheme.server_lr``, which is kept)
+NOT_CONFIG = ("params.seed", "params.data_root", "params.resume", "params.progress", "params.workers",
+              "params.checkpoint_every", "params.chunk_size", "params.tracking.", "params.skip_finished",
+              "params.hydra.", "params.server_lr")
+
+
+def configs(df: pd.DataFrame, cells: Sequence[str]) -> pd.Series:
+    """Each run's resolved config, minus its seed and what does not change results (:data:`NOT_CONFIG`), as one
+    string: a param that equals the seed in every run of its cell (e.g. a source model per seed) is the seed's, and a
+    config group missing from runs older than the group (``network``, ``secagg``, ``noise``) is its default."""
+    from fedrun.config import OPTIONAL_GROUPS
+
+    out = pd.Series("", index=df.index, dtype=object)
+    if df.empty:
+        return out
+    params = [c for c in df.columns if c.startswith("params.") and not c.startswith(NOT_CONFIG)]
+    text = df[params].astype(object).where(df[params].notna(), "nan").astype(str)
+    for group, off in OPTIONAL_GROUPS.items():
+        if f"params.{group}.name" in text:
+            text[f"params.{group}.name"] = text[f"params.{group}.name"].replace("nan", off)
+    seed = df.get("params.seed", pd.Series("", index=df.index)).astype(str)
+    for _, idx in df.groupby(list(cells), dropna=False).groups.items():
+        keys = [c for c in params if not (text.loc[idx, c] == seed.loc[idx]).all()]
+        out.loc[idx] = ["|".join(f"{k}={v}" for k, v in zip(keys, row))
+                        for row in text.loc[idx, keys].itertuples(index=False)]
+    return out
+
+
 class Report:
     """One results file: its runs (a frame with the dims as columns, ``dims`` in order, the last the seed) and
     what it says. ``where``: {column: allowed texts} filters, stated in the runs line."""
@@ -233,11 +264,17 @@ class Report:
             outside[d] = int(bad.sum())
             df = df[~bad]
         self.left += [f"{n} outside the spec's {d} values" for d, n in sorted(outside.items()) if n]
-        df = df.assign(_order=[(int(s or 0), str(r)) for s, r in zip(df["start_time"].fillna(0), df["run_id"])])
+        df = df.assign(_order=[(int(s or 0), str(r)) for s, r in zip(df["start_time"].fillna(0), df["run_id"])],
+                       _config=configs(df, self.cell_dims))
         df = df.sort_values("_order", kind="stable")
-        self.runs = df.drop_duplicates(self.cell_dims + [self.seed], keep="last")
+        # a repeat is the same resolved config in the same (cell, seed): the newer run stands for it
+        self.runs = df.drop_duplicates(self.cell_dims + [self.seed, "_config"], keep="last")
         if len(self.runs) < len(df):
-            self.left.append(f"{len(df) - len(self.runs)} older repeats of a (cell, {self.seed})")
+            self.left.append(f"{len(df) - len(self.runs)} older repeats of a (cell, {self.seed}) with the same config")
+        #: cells whose runs ran more than one resolved config (tests build every report and require none)
+        self.mixed = {k: n for k, n in self.runs.groupby(self.cell_dims, dropna=False)["_config"].nunique().items()
+                      if n > 1}
+        BUILT.append(self)
         self.marks = {i: MARKS[j % 6] * (1 + j // 6) for j, i in enumerate(i for i, p in enumerate(paper) if p.how)}
 
     def match(self, at: Mapping[str, Any]) -> pd.DataFrame:

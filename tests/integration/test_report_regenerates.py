@@ -19,15 +19,21 @@ import pytest
 
 from fedrun import export as ex
 from fedrun.report import main, report_files
-from fedrun.reports import REPORTS
+from fedrun.reports import REPORTS, common
 from fedrun.reports.common import markers
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+_MIXED: dict[str, dict] = {}
+
+
 @functools.lru_cache(maxsize=None)
 def _files(name: str) -> dict[Path, bytes]:
-    return report_files(name, REPO)
+    common.BUILT.clear()
+    files = report_files(name, REPO)
+    _MIXED[name] = {(rep.name, cell): n for rep in common.BUILT for cell, n in rep.mixed.items()}
+    return files
 
 
 @pytest.mark.parametrize("name", list(REPORTS))
@@ -38,6 +44,15 @@ def test_committed_report_regenerates_byte_identically(name):
         assert committed.read_bytes() == data, f"{rel} differs from what the export gives: python -m fedrun.report {name}"
 
 
+@pytest.mark.parametrize("name", list(REPORTS))
+def test_no_cell_pools_two_configurations(name):
+    """Two runs whose resolved configs differ (any param but the seed and what does not change results) are two
+    cells: no cell of the report holds two configs (FL-RND "on" at η_g = 1 and 3 once shared Table III's cells, the
+    η_g = 1 runs dropped as "older repeats")."""
+    _files(name)
+    assert not _MIXED[name]
+
+
 def test_every_claims_block_of_the_readme_is_a_report_that_writes_it():
     text = (REPO / "README.md").read_text()
     names = re.findall(r"<!-- claims: (\S+) \(generated", text)
@@ -46,6 +61,9 @@ def test_every_claims_block_of_the_readme_is_a_report_that_writes_it():
 
 
 # ------------------------------------------------------------------------- a synthetic Table III, end to end
+#: the design's η_g per server options and scheme (its runs ran at it; the report reads the same file)
+DESIGN_LR = __import__("yaml").safe_load((REPO / "conf/experiment/kerkouche21_table3.yaml").read_text())["server_lr"]
+
 def _synthetic_table3(prefix: Path, seeds=(0, 1, 2), rounds: int = 30) -> None:
     """An export shaped like the Table III sweep's: every (scheme, r, dp, server_opts, seed), with the params,
     tags and summary metrics the report reads and test accuracy every 10 rounds; plus an old run without
@@ -76,6 +94,7 @@ def _synthetic_table3(prefix: Path, seeds=(0, 1, 2), rounds: int = 30) -> None:
                            "metrics.summary/uplink_bytes_at_best": 4.0 * m * 60 * best,
                            "metrics.summary/uplink_bytes_final": 4.0 * m * 60 * rounds,
                            "metrics.summary/rounds_completed": float(rounds)}
+                    run["params.scheme.server_lr"] = str(DESIGN_LR.get(opts or "paper", {}).get(scheme, 1.0))
                     if opts is not None:
                         run["params.server_opts"] = opts
                     if dp == "client":
@@ -102,6 +121,8 @@ def _root_with_table3(tmp_path: Path) -> Path:
     (root / "results" / "kerkouche21" / "table3.template.md").write_text(text + "\n## Notes\n\nhand-written notes.\n")
     for f in ("paper_quotes.csv", "paper_numbers.csv"):   # the paper's words and numbers
         shutil.copy(REPO / "results" / "kerkouche21" / f, root / "results" / "kerkouche21")
+    (root / "conf" / "experiment").mkdir(parents=True)  # the design's η_g (server_lr)
+    shutil.copy(REPO / "conf" / "experiment" / "kerkouche21_table3.yaml", root / "conf" / "experiment")
     start, end = markers("kerkouche21_table3")
     (root / "README.md").write_text(f"# A README\n\nWhat held:\n\n{start}\nold verdicts\n{end}\n\nThe end.\n")
     return root
@@ -127,7 +148,7 @@ def test_a_report_regenerates_from_its_export_alone(tmp_path):
     assert "[paper's setup]: **inconclusive** — " in md and "one seed in a cell, no spread to test with" in md
     assert "**not met** — without DP 0.938 ± 0.017 (n=3) − with client-level DP 0.867 ± 0.013 (n=3)" in md  # 30 points
     assert "Code: 0 of these 140 runs were made from a working tree with uncommitted changes" in md
-    assert "| scheme | r | server options | best accuracy | round | Cost r·n·32·Round·C, MB |" in md  # empty columns dropped
+    assert "| scheme | r | server options | server lr | best accuracy | round | Cost r·n·32·Round·C, MB |" in md  # empty columns dropped
     assert "| FL-STD | 1 | server options off | " in md
     assert "| 22.18 | 548.7 | 0.0915 | 0.90 | 0.69 | 0.99 | 1.13 | 0.2 |" in md
 

@@ -37,7 +37,8 @@ def test_cells_aggregate_over_seeds_and_keep_the_newest_repeat():
                    _rec("c", 0, 0.6, dp="local_laplace"),   # a dp value outside the dim's values
                    _rec("b", 0, 0.70, dp="client")])
     assert rep.left == ["1 not matching status = FINISHED", "1 outside the spec's dp values",
-                        "1 older repeats of a (cell, seed)"]
+                        "1 older repeats of a (cell, seed) with the same config"]
+    assert rep.mixed == {}
     v = rep.values({"scheme": "a", "dp": "off"}, "acc")
     assert len(v) == 3 and c.mean(v) == pytest.approx(0.82) and c.sd(v) == pytest.approx(0.02)
     assert c.show(v) == "0.820 ± 0.020 (3)" and c.show([0.7], spec="{:.0f}") == "1 (1)"
@@ -116,3 +117,15 @@ def test_splice_replaces_one_block_and_names_a_missing_one():
     assert c.splice(text, "t", "new") == f"# R\n\n{start}\nnew\n{end}\n\nend\n"
     with pytest.raises(ValueError, match="README.md has no claims block for u"):
         c.splice(text, "u", "new")
+
+
+def test_a_run_of_another_config_is_no_repeat_and_its_cell_is_marked_mixed():
+    """The same (cell, seed) at another server lr is not a repeat to drop: both runs stay and the cell is marked as
+    pooling two configs; a param that follows the seed (a source model per seed) and a config group missing from an
+    older run (it ran the group's default) do not make a cell mixed."""
+    rep = _report([_rec("a", 0, 0.80, **{"params.scheme.server_lr": "1.0"}),
+                   _rec("a", 0, 0.85, start=1, **{"params.scheme.server_lr": "3.0"}),
+                   _rec("b", 0, 0.6, **{"params.scheme.source_seed": "0"}),
+                   _rec("b", 1, 0.7, **{"params.scheme.source_seed": "1", "params.network.name": "none"})])
+    assert len(rep.runs) == 4 and rep.left == []
+    assert rep.mixed == {("a", "off"): 2}
