@@ -144,18 +144,10 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0, report_
     # a report goal lets an added client displace a kept one: 2S under add/remove (replace-one already charges 2S)
     sens = 2.0 if report_goal is not None and sampling != "fixed_size" else 1.0
     delta, acct, rounds = float(cfg.delta), cfg.accountant, cfg.rounds
-    eps, sigma = cfg.epsilon, cfg.noise_multiplier
     try:
         check_sampling_accountant(sampling, acct)
-        if eps is not None and math.isinf(float(eps)):
-            raise ConfigError("dp=true with epsilon=inf adds no noise; use dp=false for the non-private run")
-        if sigma is None:
-            sigma = sens * calibrate_noise_multiplier(float(eps), q, rounds, delta, acct, **cohort)
-        elif eps is not None:
-            reached = compute_epsilon(float(sigma) / sens, q, rounds, delta, acct, **cohort)
-            if reached > float(eps) * (1 + 1e-9):
-                raise ConfigError(f"noise_multiplier={sigma} and epsilon={eps} disagree: σ={sigma} gives "
-                                  f"ε={reached:.4g} after {rounds} rounds (q={q}, δ={delta}); give only one")
+        sigma = resolve_sigma(cfg, sens, lambda s: compute_epsilon(s, q, rounds, delta, acct, **cohort),
+                              lambda e: calibrate_noise_multiplier(e, q, rounds, delta, acct, **cohort), f"q={q}")
     except ConfigError:
         raise
     except ValueError as exc:
@@ -167,6 +159,23 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0, report_
     if float(sigma) > 0 and log.isEnabledFor(logging.INFO):  # the report costs an accountant call or two
         log.info(epsilon_report(dp, rounds))
     return dp
+
+
+def resolve_sigma(cfg: RunConfig, sens: float, epsilon_at, calibrate, how: str) -> float:
+    """σ for ``sens`` (the sensitivity in units of S): ``noise_multiplier`` as given (checked against ``epsilon`` when
+    both are), else sens × the σ ``calibrate`` finds for ``epsilon`` at unit sensitivity; ``epsilon_at(σ / sens)`` is
+    the ε the accountant would report, ``how`` the cohorts in the error line."""
+    eps, sigma = cfg.epsilon, cfg.noise_multiplier
+    if eps is not None and math.isinf(float(eps)):
+        raise ConfigError("dp=true with epsilon=inf adds no noise; use dp=false for the non-private run")
+    if sigma is None:
+        return sens * calibrate(float(eps))
+    if eps is not None:
+        reached = epsilon_at(float(sigma) / sens)
+        if reached > float(eps) * (1 + 1e-9):
+            raise ConfigError(f"noise_multiplier={sigma} and epsilon={eps} disagree: σ={sigma} gives ε={reached:.4g} "
+                              f"after {cfg.rounds} rounds ({how}, δ={float(cfg.delta)}); give only one")
+    return float(sigma)
 
 
 def schema_client_dp(cfg: RunConfig, sampler, unit: float = 1.0) -> ClientDP:
@@ -183,16 +192,9 @@ def schema_client_dp(cfg: RunConfig, sampler, unit: float = 1.0) -> ClientDP:
     try:
         B, C, banded = strategy(noise["name"], rounds, k, b, bands=noise.get("bands"), buffers=noise.get("buffers"))
         sens = unit * prefix_sensitivities(C, k, b, banded=banded)
-        eps, sigma = cfg.epsilon, cfg.noise_multiplier
-        if eps is not None and math.isinf(float(eps)):
-            raise ConfigError("dp=true with epsilon=inf adds no noise; use dp=false for the non-private run")
-        if sigma is None:
-            sigma = float(sens[-1]) * calibrate_noise_multiplier(float(eps), 1.0, 1, delta, acct)
-        elif eps is not None:
-            reached = compute_epsilon(float(sigma) / float(sens[-1]), 1.0, 1, delta, acct)
-            if reached > float(eps) * (1 + 1e-9):
-                raise ConfigError(f"noise_multiplier={sigma} and epsilon={eps} disagree: σ={sigma} gives ε={reached:.4g} "
-                                  f"after {rounds} rounds (noise={noise['name']}, k={k}, b={b}, δ={delta}); give only one")
+        sigma = resolve_sigma(cfg, float(sens[-1]), lambda s: compute_epsilon(s, 1.0, 1, delta, acct),
+                              lambda e: calibrate_noise_multiplier(e, 1.0, 1, delta, acct),
+                              f"noise={noise['name']}, k={k}, b={b}")
     except ConfigError:
         raise
     except ValueError as exc:
