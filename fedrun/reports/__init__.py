@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from fedrun.export import ExportError
-from fedrun.reports import common, correlated, deploy, fbftl, fedsketch, foundation, fu21, kerkouche21
+from fedrun.reports import common, correlated, deploy, fbftl, fedsketch, foundation, fu21, kerkouche21, tallies
 
 K, F = kerkouche21, fedsketch
 REPORTS = {
@@ -37,6 +37,7 @@ REPORTS = {
     "foundation_fl_std": (foundation.fl_std, [foundation.EXPORT]),
     "deploy": (deploy.deploy, [deploy.K, deploy.F]),
     "correlated": (correlated.correlated, [correlated.E]),
+    "tallies": (tallies.tallies, []),   # last: it sums the verdicts the others write
 }
 
 #: the reports whose tested claims are one family (Holm over all of them): each paper's; any other report is its own

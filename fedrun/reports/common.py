@@ -136,8 +136,9 @@ def at(points: list, step: float) -> float:
     return next((number(v) for s, v in points if s == step), math.nan)
 
 
-class Dim(namedtuple("Dim", "name values labels header")):
-    """How a dim's values read: ``values`` (the order, and the values kept; None: any), ``labels``, ``header``."""
+class Dim(namedtuple("Dim", "name values labels header default", defaults=(None,))):
+    """How a dim's values read: ``values`` (the order, and the values kept; None: any), ``labels``, ``header``;
+    ``default``: the value a claim's cell means when it does not name the dim (a dim added after the claim)."""
 
     def label(self, v: Any) -> str:
         return self.labels[v] if v in self.labels else (f"{v:g}" if isinstance(v, float) else str(v))
@@ -154,8 +155,8 @@ def dims(**kw: dict) -> dict[str, Dim]:
     """``dims(scheme=dict(values=…, labels=…, header=…), …)`` → {name: Dim}, in order (the last is the seed); values
     given as a dict are labelled by it unless labels are given."""
     return {k: Dim(k, None if v.get("values") is None else tuple(v["values"]),
-                   v.get("labels", v["values"] if isinstance(v.get("values"), dict) else {}), v.get("header", k))
-            for k, v in kw.items()}
+                   v.get("labels", v["values"] if isinstance(v.get("values"), dict) else {}), v.get("header", k),
+                   v.get("default")) for k, v in kw.items()}
 
 
 #: a table column: a measured value (``value``, shown by ``how``) or the paper's number (``paper``); ``level``: how
@@ -164,16 +165,71 @@ Cell = namedtuple("Cell", "header value how spec level best paper", defaults=(""
                                                                               None, None))
 #: a number of the paper: where it is for (dims), the quantity, where it stands, how it was inferred if it was
 P = namedtuple("P", "at quantity number where how spec", defaults=("", None))
-#: a claim of the paper: ``comps`` (:func:`gt`, :func:`near`, …) must all hold (``any``: one); ``fixed``: instead a
-#: verdict stated without a test (``by construction``, ``exploratory``) and why
-Claim = namedtuple("Claim", "text value comps paper where any fixed", defaults=("", "", False, None))
+#: a claim: ``comps`` (:func:`gt`, :func:`near`, …) must all hold (``any``: one); ``fixed``: instead a verdict stated
+#: without a test (``by construction``, ``not attempted``, ``exploratory``) and why. From a registry (:func:`registry`):
+#: its ``id``, ``family`` (primary, secondary), the ``seeds`` that judge it (None: every run), ``looks`` (its p is
+#: multiplied by them: Bonferroni over the looks taken before seeds were added) and the registry ``row``
+Claim = namedtuple("Claim", "text value comps paper where any fixed id family seeds looks row",
+                   defaults=("", "", False, None, "", "secondary", None, 1, None))
+FAMILY_ORDER = ("primary", "secondary")
+#: a registry's test shapes → (the comparison's kind, its bound from (bound, margin), its centre)
+SHAPES = {"superiority": lambda b, m: (">", b, 0.0), "inferiority": lambda b, m: ("<", b, 0.0),
+          "non-inferiority": lambda b, m: (">", b - m, 0.0), "equivalence": lambda b, m: ("≈", m, b),
+          "magnitude": lambda b, m: ("≈", m, b), "sooner": lambda b, m: ("sooner", 0.0, 0.0),
+          "saving": lambda b, m: ("saving", b, 0.0)}
+REGISTRY_COLUMNS = ("id", "family", "report", "claim", "source", "where", "config", "comparisons", "value", "test",
+                    "bound", "margin", "margin_source", "seeds", "looks", "paper_number", "registered", "amendment",
+                    "note")
 
 
-def quotes(root: Path, out: str) -> dict[str, tuple[str, str]]:
-    """The paper's words that the claims of ``out``'s reports cite: {key: (quote, where it stands)}, from
-    ``<out>/paper_quotes.csv`` (tests/unit/test_paper_quotes.py finds each quoted passage in the stored paper)."""
-    with open(Path(root) / out / "paper_quotes.csv", newline="", encoding="utf-8") as f:
-        return {r["key"]: (r["quote"], r["where"]) for r in csv.DictReader(f)}
+def _seeds(text: str) -> tuple[int, ...] | None:
+    """``0;1;2``, ``0-3`` or a mix; ``all`` (or empty): None, every run."""
+    if text.strip() in ("", "all"):
+        return None
+    out: list[int] = []
+    for part in text.split(";"):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return tuple(out)
+
+
+def _cells(text: str, shared: dict) -> tuple:
+    """``[a=1;b=x] - [a=2]`` → (({shared…, a: '1', b: 'x'}, 1.0), ({…}, -1.0)): the signed cells of one comparison."""
+    terms = re.findall(r"([+-]?)\s*\[([^\]]*)\]", text)
+    if not terms or re.sub(r"[+-]?\s*\[[^\]]*\]", "", text).strip():
+        raise ValueError(f"comparison {text!r}: expected signed cells like [dim=value;dim=value] - [dim=value]")
+    return tuple(({**shared, **dict(kv.split("=", 1) for kv in body.split(";") if kv)}, -1.0 if sign == "-" else 1.0)
+                 for sign, body in terms)
+
+
+def registry(root: Path, path: str, report: str) -> list[Claim]:
+    """The claims of ``report`` in the registry ``path`` (``results/<paper>/claims.csv``, columns
+    :data:`REGISTRY_COLUMNS`; results/README.md says what each means), in the registry's order."""
+    with open(Path(root) / path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if rows and set(REGISTRY_COLUMNS) - set(rows[0]):
+        raise ValueError(f"{path}: missing columns {', '.join(sorted(set(REGISTRY_COLUMNS) - set(rows[0])))}")
+    out = []
+    for r in (r for r in rows if r["report"] == report):
+        text, fam = f"{r['id']}. {r['claim']}", r["family"]
+        if fam not in FAMILY_ORDER + ("by construction", "not attempted"):
+            raise ValueError(f"{path}: claim {r['id']}: family={fam!r} is not primary, secondary, by construction or "
+                             "not attempted")
+        common = dict(text=text, value=r["value"], paper=r["source"], where=r["where"], id=r["id"], family=fam,
+                      seeds=_seeds(r["seeds"]), looks=int(r["looks"] or 1), row=r)
+        if fam == "not attempted" or r["test"] in ("not attempted", "exploratory", "check"):
+            # a check (a proof or counterexample in a named test, not runs) states its outcome in ``bound``
+            verdict = {"exploratory": "exploratory", "check": f"{r['bound']} by a check"}.get(r["test"], "not attempted")
+            out.append(Claim(comps=(), fixed=(verdict, r["note"]), **common))
+            continue
+        if r["test"] not in SHAPES:
+            raise ValueError(f"{path}: claim {r['id']}: test={r['test']!r} is not one of {', '.join(SHAPES)}")
+        shared = dict(kv.split("=", 1) for kv in r["config"].split(";") if kv)
+        kind, bound, center = SHAPES[r["test"]](float(r["bound"] or 0), float(r["margin"] or 0))
+        joined = " | " if " | " in r["comparisons"] else " & "
+        comps = tuple(contrast(_cells(c, shared), kind, bound, center) for c in r["comparisons"].split(joined))
+        out.append(Claim(comps=comps, any=joined == " | ", **common))
+    return out
 
 
 def numbers(root: Path, out: str, report: str) -> list[P]:
@@ -192,23 +248,6 @@ def contrast(terms: tuple, kind: str = ">", bound: float = 0.0, center: float = 
 def gt(a: dict, b: dict, shift: float = 0.0) -> tuple:
     """mean(a) − mean(b) > shift."""
     return contrast(((a, 1.0), (b, -1.0)), ">", shift)
-
-
-def sooner(fast: dict, slow: dict) -> tuple:
-    """``fast`` reaches the target sooner than ``slow``: a time-to-event comparison, runs that never reached it
-    censored at their whole time (log-rank; :meth:`Report.censored`)."""
-    return contrast(((fast, 1.0), (slow, -1.0)), "sooner")
-
-
-def near(a: dict, b: dict, margin: float, center: float = 0.0) -> tuple:
-    """|mean(a) − mean(b) − center| < margin (TOST)."""
-    return contrast(((a, 1.0), (b, -1.0)), "≈", margin, center)
-
-
-def saving(text: str, value: str, left: dict, right: dict, at_least: float, paper: str = "", where: str = "",
-           fixed: tuple[str, str] | None = None) -> Claim:
-    """A saving over counted bytes, no test: met when 1 − mean(left)/mean(right) ≥ at_least."""
-    return Claim(text, value, (contrast(((left, 1.0), (right, -1.0)), "saving", at_least),), paper, where, fixed=fixed)
 
 
 #: every :class:`Report` made in this process (tests read their :attr:`Report.mixed`)
@@ -408,42 +447,58 @@ class Report:
                 "paper states it (read) or it was worked out from what the paper states (inferred, marked).\n\n"
                 + md(["cell", "quantity", "paper", "where in the paper", "read or inferred"], rows))
 
+    def typed(self, cell: Mapping[str, Any]) -> dict:
+        """A claim's cell with a registry's texts turned into the dims' values (``r=0.05`` → 0.05)."""
+        out = {}
+        for d, v in cell.items():
+            if d not in self.dims:
+                raise ValueError(f"{self.name}: a claim's cell names {d!r}, not a dim of this report: "
+                                 f"{', '.join(self.cell_dims)}")
+            have = list(self.dims[d].values or []) + list(self.runs[d].dropna().unique())
+            out[d] = next((x for x in have if _same(x, v)), v) if isinstance(v, str) else v
+        return {**{d: self.dims[d].default for d in self.cell_dims if self.dims[d].default is not None}, **out}
+
     def test(self, claim: Claim) -> dict[str, Any]:
-        """One claim before the family's correction: {verdict} when it is decided without a test, else {p, met,
-        text (the numbers per comparison), needed ((Welch, distance) per comparison, to size an undecided claim)}."""
+        """One claim before the family's correction, on its seeds: {verdict} when it is decided without a test, else
+        {p (× its looks), met, text (the numbers per comparison), estimate, needed ((Welch, distance) per comparison,
+        to size an undecided claim)}; a primary claim's text adds the other seeds' numbers (exploratory)."""
         if claim.fixed:
-            return {"verdict": claim.fixed[0], "text": claim.fixed[1]}
-        cells = [c for terms, *_ in claim.comps for c, _ in terms]
+            return {"verdict": claim.fixed[0], "text": claim.fixed[1], "estimate": ""}
+        comps = [(tuple((self.typed(c), k) for c, k in terms), *rest) for terms, *rest in claim.comps]
+        cells = [c for terms, *_ in comps for c, _ in terms]
         for c in cells:
             if len(self.match(c).groupby(self.cell_dims, dropna=False)) > 1:
                 free = [d for d in self.cell_dims if d not in c]
-                return {"verdict": "not checkable", "text": f"{self.describe(c)} matches several cells (name "
-                                                             f"{', '.join(free)})"}
+                return {"verdict": "not checkable", "estimate": "",
+                        "text": f"{self.describe(c)} matches several cells (name {', '.join(free)})"}
+        pin = {} if claim.seeds is None else {self.seed: tuple(claim.seeds)}
         # a cell's short name: the dims that differ between the claim's cells (all their dims if none differ)
         ds = [d for d in self.cell_dims if len({repr(c.get(d)) for c in cells}) > 1] or \
              [d for d in self.cell_dims if any(d in c for c in cells)]
         name = {repr(c): " ".join(self.dims[d].tag(c[d]) for d in ds if d in c) for c in cells}
-        ps, parts, need = [], [], []
-        for terms, kind, bound, center in claim.comps:
-            vals = [self.values(c, claim.value) for c, _ in terms]
+        ps, parts, need, est = [], [], [], []
+        for terms, kind, bound, center in comps:
+            vals = [self.values({**c, **pin}, claim.value) for c, _ in terms]
             brief = [f"{name[repr(c)]} " + (show(v, spec="{:.4g}" if kind == "saving" else "{:.3f}", n="n=") if v else
                                            "no runs") for (c, _), v in zip(terms, vals)]
             if kind == "saving":
                 a, b = (mean(v) for v in vals)
                 s = 1 - a / b if b and vals[0] and vals[1] else math.nan
                 return {"verdict": (TRUE_BY_CONSTRUCTION if s >= bound else FALSE_BY_CONSTRUCTION)
-                        if not math.isnan(s) else "not checkable",
+                        if not math.isnan(s) else "not checkable", "estimate": fmt(s * 100, "{:.1f} %"),
                         "text": f"saving {s * 100:.1f} % (threshold {bound * 100:.1f} %): " + " vs ".join(brief)}
             if kind == "sooner":  # time to a target, censored where it was never reached: log-rank
                 (fast, _), (slow, _) = terms
-                got = [self.censored(c, claim.value) for c in (fast, slow)]
+                got = [self.censored({**c, **pin}, claim.value) for c in (fast, slow)]
                 if any(len(t) < 2 for t, _ in got):
-                    return {"verdict": "not attempted" if any(not len(t) for t, _ in got) else OPEN,
+                    return {"verdict": "not attempted" if any(not len(t) for t, _ in got) else OPEN, "estimate": "",
                             "text": " vs ".join(brief) + ": fewer than 2 runs in a cell"}
                 ps.append(stats.logrank_p(*got))
-                parts.append(" vs ".join(f"{name[repr(c)]}: Kaplan–Meier median {fmt(stats.km_median(*g), '{:.4g}')}, "
-                                         f"reached {int(g[1].sum())} of {len(g[1])}" for c, g in zip((fast, slow), got))
+                medians = [fmt(stats.km_median(*g), '{:.4g}') for g in got]
+                parts.append(" vs ".join(f"{name[repr(c)]}: Kaplan–Meier median {m}, reached {int(g[1].sum())} of "
+                                         f"{len(g[1])}" for c, g, m in zip((fast, slow), got, medians))
                              + f": log-rank one-sided p = {ps[-1][0]:.2g} for the claim, {ps[-1][1]:.2g} against")
+                est.append(f"median {medians[0]} vs {medians[1]}")
                 need.append(None)
                 continue
             desc = " ".join(("" if i == 0 and k > 0 else "− " if k < 0 else "+ ") + b
@@ -451,63 +506,119 @@ class Report:
             w = stats.welch(vals, [k for _, k in terms])
             if w is None:
                 missing = [name[repr(c)] for (c, _), v in zip(terms, vals) if not v]
-                return {"verdict": "not attempted", "text": f"no runs of {', '.join(missing)}"} if missing else \
-                    {"verdict": OPEN, "text": desc + ": one seed in a cell, no spread to test with"}
+                return {"verdict": "not attempted", "estimate": "", "text": f"no runs of {', '.join(missing)}"} \
+                    if missing else {"verdict": OPEN, "estimate": "",
+                                     "text": desc + ": one seed in a cell, no spread to test with"}
             lo, hi = w.ci()
             ps.append(stats.p_values(w, kind, bound, center))
             goal = f"{kind} {bound:+.3g}" if kind != "≈" else f"in {center:+.3g} ± {bound:.3g}"
             parts.append(f"{desc}: {'difference' if len(terms) > 1 else 'mean'} {w.d:+.3f} (95 % CI {lo:+.3f} to "
-                         f"{hi:+.3f}; claimed {goal}), Welch df = {w.df:.1f}, one-sided p = {ps[-1][0]:.2g} for the "
+                         f"{hi:+.3f}; claimed {goal}), Welch df = {w.df:g}, one-sided p = {ps[-1][0]:.2g} for the "
                          f"claim, {ps[-1][1]:.2g} against")
+            est.append(f"{w.d:+.3f} ({lo:+.3f} to {hi:+.3f}), n = {'/'.join(str(len(v)) for v in vals)}")
             need.append((w, stats.distance(w, kind, bound, center)))
         p, met = stats.decide(*stats.combine(ps, claim.any))
-        return {"p": p, "met": met, "needed": need, "text": ("any of: " if claim.any else "") + "; ".join(parts)}
+        text = ("any of: " if claim.any else "") + "; ".join(parts)
+        if claim.looks > 1:
+            text += f"; p = {p:.2g} × {claim.looks} looks"
+            p = min(1.0, p * claim.looks)
+        out = {"p": p, "met": met, "needed": need, "text": text, "estimate": "; ".join(est)}
+        if claim.family == "primary" and claim.seeds is not None:   # the runs before the registry, shown, not judged
+            seen = sorted({int(x) for c in cells for x in self.match(c)[self.seed].dropna()} - set(claim.seeds))
+            if seen:
+                old = self.test(claim._replace(seeds=tuple(seen), family="exploratory"))
+                out["exploratory"] = f"{old['estimate']} (seeds {_ranges(seen)})" if old.get("estimate") else ""
+                out["text"] += f". Exploratory seeds {_ranges(seen)} (run before the registry, not judged): " + \
+                    old["text"]
+        return out
 
     def verdicts(self, claims: Sequence[Claim]) -> list[tuple[str, str]]:
-        """(verdict, the numbers behind it) per claim, the tested ones decided at α after Holm over the family: these
-        claims and those of the other reports in :data:`FAMILY` (a paper's reports are one family)."""
+        """(verdict, the numbers behind it) per claim, the tested ones decided at α after Holm over their family
+        (primary or secondary): these claims and those of the other reports of the paper in :data:`FAMILY`. Sets
+        :attr:`decided` (every test, with id, family, claim, verdict) and :attr:`primary` (the paper's primary claims
+        in all its reports)."""
+        self.claimed = list(claims)
         tests, others = [self.test(c) for c in claims], FAMILY
-        tested = [t for t in tests if "p" in t]
+        for t, c in zip(tests, claims):
+            t.update(id=c.id, family=c.family, claim=c.text, number=(c.row or {}).get("paper_number", ""),
+                     report=self.name)
         if others is None:
-            raise Collected([t["p"] for t in tested])
-        adjusted = stats.holm([t["p"] for t in tested] + [p for ps in others.values() for p in ps])
-        for t, adj in zip(tested, adjusted):
-            decided = adj <= stats.ALPHA
-            t["verdict"] = (MET if t["met"] else NOT_MET) if decided else OPEN
-            t["text"] += f"; Holm-adjusted p = {adj:.2g} (family of {len(adjusted)})"
-            if not decided and all(t["needed"]):  # (none for a log-rank comparison: no closed-form power here)
-                need = (stats.seeds_needed(w, m, stats.ALPHA / len(adjusted)) for w, m in t["needed"])
-                t["text"] += (f"; seeds per cell for 80 % power at the observed difference and spread, at "
-                              f"α/{len(adjusted)}: " + ", ".join(str(n or "over 1,000") for n in need))
-        self.family = f"{len(tested)} here" + "".join(f", {len(ps)} in {n}" for n, ps in others.items())
+            raise Collected([t for t in tests if "p" in t])
+        theirs = [t for ts in others.values() for t in ts]
+        self.family = {}
+        for fam in FAMILY_ORDER:
+            ours = [t for t in tests if "p" in t and t["family"] == fam]
+            rest = [dict(t) for t in theirs if t["family"] == fam]
+            adjusted = stats.holm([t["p"] for t in ours + rest])
+            for i, (t, adj) in enumerate(zip(ours + rest, adjusted)):
+                decided = adj <= stats.ALPHA
+                t["verdict"] = (MET if t["met"] else NOT_MET) if decided else OPEN
+                if i >= len(ours):
+                    continue
+                t["text"] += f"; Holm-adjusted p = {adj:.2g} (the {fam} family of {len(adjusted)})"
+                if not decided and all(t["needed"]):  # (none for a log-rank comparison: no closed-form power here)
+                    need = (stats.seeds_needed(w, m, stats.ALPHA / len(adjusted)) for w, m in t["needed"])
+                    t["text"] += (f"; seeds per cell for 80 % power at the observed difference and spread, at "
+                                  f"α/{len(adjusted)}: " + ", ".join(str(n or "over 1,000") for n in need))
+            self.family[fam] = f"{len(ours)} here" + "".join(
+                f", {n} in {r}" for r, n in ((r, sum(t["family"] == fam for t in ts)) for r, ts in others.items()) if n)
+            if fam == "primary":
+                self.primary = sorted(((t["id"], t) for t in [t for t in tests if t["family"] == fam] + rest),
+                                      key=lambda kv: _natural(kv[0]))
+        self.decided = tests
         return [(t["verdict"], t["text"]) for t in tests]
 
     def claims(self, claims: Sequence[Claim], verdicts: Sequence[tuple[str, str]]) -> str:
-        lines = [f"- {c.text}: **{v}** — {detail}." + (f" Paper: {c.paper}" + (f" ({c.where})" if c.where else "") + "."
-                                                       if c.paper else "")
-                 for c, (v, detail) in zip(claims, verdicts)]
-        return (f"## The paper's claims\n\n{RULE} This report's family of tested claims: {self.family}.\n\n"
-                + "\n".join(lines) + "\n")
+        heads = {"primary": "Primary claims: the paper's headline claims in its configuration, on the confirmatory seeds",
+                 "secondary": "Secondary claims: other configurations, ablations, fedrun's own hypotheses",
+                 "by construction": "By construction: counted bytes, listed apart, never counted as met",
+                 "not attempted": "Not attempted"}
+        out = [f"## The claims\n\n{RULE}"]
+        for fam, head in heads.items():
+            rows = [(c, v, d) for c, (v, d) in zip(claims, verdicts) if c.family == fam]
+            if not rows:
+                continue
+            if fam in self.family:
+                head += f" (Holm over the paper's {fam} family: {self.family[fam]})"
+            out.append(f"### {head}\n\n" + "\n".join(
+                f"- {c.text}: **{v}** — {detail}." + (f" Paper: {c.paper}" + (f" ({c.where})" if c.where else "") + "."
+                                                      if c.paper else "") + _registered(c) for c, v, detail in rows))
+        return "\n\n".join(out) + "\n"
+
+    def summary(self) -> str:
+        """The paper's primary claims (all its reports): verdict, the paper's number beside fedrun's estimate."""
+        rows = [(t["claim"] + ("" if t["report"] == self.name else f" ({t['report']})"), f"**{t['verdict']}**",
+                 t["number"], t.get("estimate", ""), t.get("exploratory", "") or "–") for _, t in self.primary]
+        return ("## The paper's primary claims\n\n" + md(["claim", "verdict", "paper", "fedrun (confirmatory seeds: "
+                                                           "estimate, 95 % CI, seeds per cell)",
+                                                           "exploratory seeds (not judged)"], rows)
+                if rows else "")
 
     def files(self, blocks: Mapping[str, str], figures: Mapping[str, bytes] = {}, claims: Sequence[Claim] = (),
               expect: Sequence[Mapping[str, Any]] = (), readme: bool = True) -> dict[Path, bytes]:
         """The report's files (paths relative to the root): its figures, its markdown (the template
-        ``<output>.template.md`` filled with ``blocks`` and the runs line, coverage, claims and paper's numbers),
-        and with claims README.md with its claims block regenerated."""
+        ``<output>.template.md`` filled with ``blocks`` and the runs line, coverage, claims, the paper's primary
+        claims and numbers), with claims ``<output>.verdicts.csv`` and README.md with its claims block regenerated."""
         verdicts = self.verdicts(claims) if claims else []
         blocks = {"runs": self.runs_line(), **({"cells": self.coverage(expect)} if expect else {}),
-                  **({"claims": self.claims(claims, verdicts)} if claims else {}),
+                  **({"claims": self.claims(claims, verdicts), "summary": self.summary()} if claims else {}),
                   **({"paper": self.paper_numbers()} if self.paper else {}), **blocks}
         out = {Path(self.output).parent / f: b for f, b in figures.items()}
         out[Path(self.output)] = fill(self.root / Path(self.output).with_suffix(".template.md"), blocks).encode()
+        if claims:
+            buf = io.StringIO()
+            w = csv.writer(buf, lineterminator="\n")
+            w.writerow(["report", "id", "family", "verdict", "claim"])
+            w.writerows([self.name, c.id, c.family, v, c.text] for c, (v, _) in zip(claims, verdicts))
+            out[Path(self.output).with_suffix(".verdicts.csv")] = buf.getvalue().encode("utf-8")
         if claims and readme:
             path = self.root / README
             if not path.exists():
                 raise ValueError(f"{path} not found: the claims of {self.name} go into its claims block")
-            head = (f"Claims checked by [{Path(self.output).name}]({self.output}) (Welch t per comparison, each "
-                    f"direction at α/2, Holm over the paper's family of claims at α = {stats.ALPHA:g}; the numbers "
-                    f"and the family are there):")
-            body = "\n".join([head] + [f"- {c.text}: **{v}**" for c, (v, _) in zip(claims, verdicts)])
+            head = (f"Claims checked by [{Path(self.output).name}]({self.output}) (registered in its folder's "
+                    f"claims.csv; Welch t per comparison, each direction at α/2, Holm within the paper's primary and "
+                    f"secondary families at α = {stats.ALPHA:g}; the numbers are there):")
+            body = "\n".join([head] + [f"- {c.text} [{c.family}]: **{v}**" for c, (v, _) in zip(claims, verdicts)])
             out[Path(README)] = splice(path.read_text(), self.name, body).encode("utf-8")
         return out
 
@@ -541,20 +652,61 @@ class Report:
         return {file: draw(out, file, title, xlabel, ylabel, max(1, ncols), yscale)}
 
 
-RULE = (f"Rule: each comparison is a difference of cell means over seeds (or a difference of such differences), "
-        f"tested by Welch's t with Satterthwaite's degrees of freedom (no equal-variance assumption), in the "
-        f"direction of the claim and in the opposite one, each one-sided at α/2 = {stats.ALPHA / 2:g}; \"within x\" "
-        f"is an equivalence claim, tested by two one-sided tests (TOST) against the margin ±x. A claim of several "
-        f"comparisons is met when all are (the largest p), an *any of* claim when one is (Holm within the claim). The "
-        f"claims of a paper, in all its reports, are one family: Holm's step-down over their p-values, and a claim is "
-        f"**met** or **not met** when its adjusted p is at most α = {stats.ALPHA:g} (so with no true difference a "
-        f"decisive verdict comes at most 5 % of the time), else **inconclusive**, with the seeds per cell that would "
-        f"give 80 % power at the observed difference and spread at α/m, m the family's size (Holm's strictest step, "
-        f"so an upper bound). The 95 % CI is Welch's, before the family's correction. A time to a target is a "
-        f"censored outcome (a run that never reached it is censored at its whole time): compared by the log-rank "
-        f"test in each direction (one-sided, at α/2), with each cell's Kaplan–Meier median and how many runs reached "
-        f"the target. A saving of counted bytes (no noise) is decided without a test: *true by construction* when "
-        f"1 − mean(left)/mean(right) reaches its threshold (else *false by construction*), and never counted as met.")
+def _same(x: Any, text: str) -> bool:
+    """A dim's value ``x`` is the registry's ``text`` (``0.05`` is 0.05, ``1`` is 1.0)."""
+    if str(x) == text:
+        return True
+    try:
+        return not isinstance(x, (bool, str)) and float(text) == float(x)
+    except (TypeError, ValueError):
+        return False
+
+
+def _ranges(seeds: Sequence[int]) -> str:
+    """0, 1, 2, 3, 5 → 0–3, 5."""
+    out, run = [], [seeds[0]] if seeds else []
+    for x in list(seeds[1:]) + [None]:
+        if x is not None and x == run[-1] + 1:
+            run.append(x)
+            continue
+        out.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [x]
+    return ", ".join(out)
+
+
+def _natural(key: str) -> tuple:
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key))
+
+
+def _registered(c: Claim) -> str:
+    """A registry row's design, for the claim's line."""
+    r = c.row
+    if not r:
+        return ""
+    return (f" Registered {r['registered']}: test {r['test']}" + (f", margin {r['margin']} ({r['margin_source']})"
+                                                                   if r["margin"] not in ("", "0") else "")
+            + (f", seeds {_ranges(list(c.seeds))}" if c.seeds else "") + (f", {c.looks} looks" if c.looks > 1 else "")
+            + "." + (f" Amended: {r['amendment']}." if r["amendment"] else "") + (f" Note: {r['note']}."
+                                                                                  if r["note"] and not c.fixed else ""))
+
+
+RULE = (f"Rule (results/README.md, fixed before the confirmatory runs): each comparison is a difference of cell "
+        f"means over seeds (or a difference of such differences), tested by Welch's t with the conservative degrees "
+        f"of freedom min(nᵢ) − 1 (no equal-variance assumption), in the direction of the claim and in the opposite "
+        f"one, each one-sided at α/2 = {stats.ALPHA / 2:g}; an equivalence or magnitude claim by two one-sided tests "
+        f"(TOST) against its margin, a non-inferiority claim one-sided against −margin. A claim of several "
+        f"comparisons is met when all are (the largest p), an *any of* claim when one is (Holm within the claim); a "
+        f"claim whose runs were looked at before seeds were added has its p multiplied by the number of looks. A "
+        f"paper's primary claims (in all its reports) are one family and its secondary claims another: Holm's "
+        f"step-down within each, and a claim is **met** or **not met** when its adjusted p is at most α = "
+        f"{stats.ALPHA:g}, else **inconclusive**, with the seeds per cell that would give 80 % power at the observed "
+        f"difference and spread at α/m (Holm's strictest step, an upper bound). Primary claims are judged on their "
+        f"registered confirmatory seeds only. The 95 % CI is Welch's, before the family's correction. A time to a "
+        f"target is a censored outcome (a run that never reached it is censored at its whole time): compared by the "
+        f"log-rank test in each direction (one-sided, at α/2), with each cell's Kaplan–Meier median and how many runs "
+        f"reached the target. A saving of counted bytes (no noise) is decided without a test: *true by construction* "
+        f"when 1 − mean(left)/mean(right) reaches its threshold (else *false by construction*), and never counted as "
+        f"met.")
 
 
 class Collected(Exception):

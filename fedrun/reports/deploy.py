@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from fedrun.reports.common import Cell, Claim, Report, column, dims, export, load, series_value, sooner
+from fedrun.reports.common import Cell, Report, column, dims, export, load, registry, series_value
 
 K, F = export("results/deploy", "deploy-kerkouche21"), export("results/deploy", "deploy-fedsketch")
 #: target test accuracy per setting: paper 000's in 50 rounds at ε = 1, paper 002's in 80 rounds (τ = 1)
@@ -46,22 +46,7 @@ def deploy(root: Path) -> dict[Path, bytes]:
     rep = Report("deploy", root, "results/deploy/time_to_accuracy.md", [K, F], df, dims(
         setting=dict(values={"000": "paper 000's setting, target 0.5", "002": "paper 002's setting, target 0.75"}),
         scheme=dict(values=SCHEMES), network=dict(values=NETWORKS), secagg=dict(values=SECAGG), seed={}))
-    c = lambda scheme, network, secagg="none": dict(  # noqa: E731 - a cell: each paper's schemes in its own setting
-        setting="002" if scheme in ("fedsgd", "fedsketch") else "000", scheme=scheme, network=network, secagg=secagg)
-    f = "reaches the target sooner (simulated seconds)"
-    claims = [Claim(text, "ttt", (sooner(fast, slow),)) for text, slow, fast in (
-        (f"On mobile, FL-CS (r = 0.05) {f} than FL-STD", c("fl_std", "mobile"), c("fl_cs@0.05", "mobile")),
-        (f"On mobile, FL-RND (r = 0.05) {f} than FL-STD", c("fl_std", "mobile"), c("fl_rnd@0.05", "mobile")),
-        (f"In the datacenter, FL-STD {f} than FL-CS (r = 0.05): the server's L1 decoder dominates",
-         c("fl_cs@0.05", "datacenter"), c("fl_std", "datacenter")),
-        (f"On mobile, FL-CS (r = 0.05) under SecAgg+ still {f} than FL-STD without it", c("fl_std", "mobile"),
-         c("fl_cs@0.05", "mobile", "secagg_plus")),
-        (f"On mobile, FedSKETCH {f} than FedSGD", c("fedsgd", "mobile"), c("fedsketch", "mobile")),
-        (f"On broadband, FedSKETCH {f} than FedSGD", c("fedsgd", "broadband"), c("fedsketch", "broadband")),
-        (f"In the datacenter, FedSGD {f} than FedSKETCH: decoding the sketch dominates", c("fedsketch", "datacenter"),
-         c("fedsgd", "datacenter")),
-        ("On mobile, SecAgg+ makes FedSGD slower to the target", c("fedsgd", "mobile", "secagg_plus"),
-         c("fedsgd", "mobile")))]
+    claims = registry(root, "results/deploy/claims.csv", rep.name)
     cols = ["network", "secagg"]
     blocks = {"table": rep.table(["scheme"], [Cell("", "ttt", spec="{:.3g}")], cols, split="setting"),
               "reached": rep.table(["scheme"], [Cell("", "reached", how="mean", spec="{:.2f}")], cols, split="setting"),

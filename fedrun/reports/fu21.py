@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedrun.reports.common import Cell, Claim, Report, column, dims, export, gt, load, quotes
+from fedrun.reports.common import Cell, Report, column, dims, export, load, registry
 
 OUT = "results/fu21"
+REGISTRY = f"{OUT}/claims.csv"
+MECHS = {"laplace": "Laplace (the paper's, L1)", "gaussian": "Gaussian (δ = 1e-4, L2)"}
 LC, FEMNIST = export(OUT, "fu21-lending-club", every=10), export(OUT, "fu21-femnist")
 INF = float("inf")
 #: the cells the sweeps fill (Lending Club: experiment=fu21_lending_club[_tg10], 10 seeds; FEMNIST: fu21_femnist,
@@ -49,26 +51,14 @@ def _frame(root: Path, exp, total: dict, eps: list, steps: list, tg: int, **more
 
 def lending_club(root: Path, sensitivity: str = "proven") -> dict[Path, bytes]:
     proven = sensitivity == "proven"
-    df, d = _frame(root, LC, {"100": "T100", "None": "Tg10"}, [INF, 10.0, 5.0, 3.0], [1, 2, 5, 10, 20, 50, 100], 10)
-    df = df.assign(mse=df["metrics.test_mse"], eps_composed=df["metrics.ldp_epsilon_max"])
+    df, d = _frame(root, LC, {"100": "T100", "None": "Tg10"}, [INF, 10.0, 5.0, 3.0], [1, 2, 5, 10, 20, 50, 100], 10,
+                   mech=dict(values=MECHS, header="noise", default="laplace"))
+    df = df.assign(mse=df["metrics.test_mse"], eps_composed=df["metrics.ldp_epsilon_max"],
+                   mech=column(df, "params.dp", map={"local_laplace": "laplace", "local_gaussian": "gaussian"}))
     stem = "lending_club" + ("" if proven else "_paper_unchecked")
     rep = Report(f"fu21_{stem}", root, f"{OUT}/{stem}.md", [LC], df, d,
                  where={"status": ("FINISHED",), "params.local_dp_sensitivity": (sensitivity,)})
-    t100, tg10 = (lambda e, k: dict(sweep="T100", eps=e, E=k)), (lambda e, k: dict(sweep="Tg10", eps=e, E=k))
-    q = quotes(root, OUT)
-    claims = [Claim(f"fixed T = 100, ε = {e:g}: some interior E (2 … 50) beats E = 1 (a lower final test MSE)", "mse",
-                    tuple(gt(t100(e, 1), t100(e, k)) for k in (2, 5, 10, 20, 50)), *q["tune"], any=True)
-              for e in (10.0, 5.0, 3.0)]
-    exploratory = None if proven else ("exploratory", "E = 10 was read from these runs (the first sweep's seeds are "
-                                                      "among them), so they cannot test it: not counted; new seeds "
-                                                      "would")
-    claims += [Claim(f"fixed T = 100, ε = {e:g}: an interior optimum, E = 10 beats both E = 1 and E = 100", "mse",
-                     (gt(t100(e, 1), t100(e, 10)), gt(t100(e, 100), t100(e, 10))),
-                     *q["law_e10" + ("" if proven else "_unchecked")],
-                     fixed=exploratory) for e in (10.0, 5.0, 3.0)]
-    claims += [Claim(f"fixed T_g = 10, ε = {e:g}: some E (2 … 50) beats E = 1 (a lower final test MSE)", "mse",
-                     tuple(gt(tg10(e, 1), tg10(e, k)) for k in (2, 5, 10, 20, 50)), *q["noise"], any=True)
-               for e in (10.0, 3.0)]
+    claims = registry(root, REGISTRY, rep.name)
     figures, colors = {}, ("E", {1: "black", 2: "tab:blue", 5: "tab:green", 10: "tab:red", 20: "tab:purple",
                                  50: "tab:orange", 100: "tab:brown"})
     for s, t in (("T100", "fixed T = E·T_g = 100"), ("Tg10", "fixed T_g = 10")):
@@ -76,9 +66,14 @@ def lending_club(root: Path, sensitivity: str = "proven") -> dict[Path, bytes]:
                               "seeds (band: ± std where above 0)", {"sweep": s}, colors, series="test_mse",
                               ylabel="test MSE (log)", xlabel="global iteration", yscale="log")
     eps = [Cell("ε composed, worst client (Laplace: basic)", "eps_composed", "max", "{:.3g}")]
-    return rep.files({"mse": rep.table(["eps"], [Cell(value="mse", spec="{:.2f}", best="min")], ["E"], "sweep"),
+    laplace = {"mech": "laplace"}
+    return rep.files({"mse": rep.table(["eps"], [Cell(value="mse", spec="{:.2f}", best="min")], ["E"], "sweep",
+                                       laplace),
                       "per_cell": rep.table(["eps", "E"], _per_cell("mse", "final test MSE", eps, "{:.2f}", "{:.2f}"),
-                                            split="sweep")}, figures, claims, LC_EXPECT)
+                                            split="sweep", where=laplace),
+                      "mechanisms": rep.table(["mech"], [Cell("final test MSE", "mse", spec="{:.2f}")],
+                                              where=dict(sweep="T100", eps=5.0, E=10, seed=tuple(range(1000, 1010))))},
+                     figures, claims, [{**e, **laplace} for e in LC_EXPECT])
 
 
 def femnist(root: Path) -> dict[Path, bytes]:
@@ -89,20 +84,7 @@ def femnist(root: Path) -> dict[Path, bytes]:
     df = df.assign(acc=df["metrics.test_accuracy"], eps_pld=df["metrics.ldp_epsilon_pld_max"],
                    eps_rdp=df["metrics.ldp_epsilon_rdp_max"])
     rep = Report("fu21_femnist", root, f"{OUT}/femnist.md", [FEMNIST], df, d)
-    c = lambda e, k, sweep="T24", sens="paper_unchecked": dict(sens=sens, sweep=sweep, eps=e, E=k)  # noqa: E731
-    some, q = "some E > 1 (2, 4, 8) beats E = 1", quotes(root, OUT)
-    claims = [Claim(f"fixed T = 24, ε = {e:g}: {some} (a higher final test accuracy)", "acc",
-                    tuple(gt(c(e, k), c(e, 1)) for k in (2, 4, 8)), *q["tune"], any=True)
-              for e in (30.0, 10.0, 3.0)]
-    claims += [Claim(f"fixed T = 24, ε = {e:g}: an interior optimum, E = 2 beats both E = 1 and E = 8", "acc",
-                     (gt(c(e, 2), c(e, 1)), gt(c(e, 2), c(e, 8))), *q["law_e2"]) for e in (30.0, 10.0, 3.0)]
-    claims += [Claim(f"fixed T_g = 6, ε = 3: {some} (a higher final test accuracy)", "acc",
-                     tuple(gt(c(3.0, k, "Tg6"), c(3.0, 1, "Tg6")) for k in (2, 4, 8)), *q["noise"], any=True),
-               Claim(f"the proven sensitivity, fixed T = 24, ε = 10: {some}", "acc",
-                     tuple(gt(c(10.0, k, sens="proven"), c(10.0, 1, sens="proven")) for k in (2, 4, 8)),
-                     *q["proven"], any=True),
-               Claim("fixed T_g = 6, ε = ∞ (no noise): E = 8 beats E = 1 (more local computation helps)", "acc",
-                     (gt(c(INF, 8, "Tg6"), c(INF, 1, "Tg6")),), *q["no_noise"])]
+    claims = registry(root, REGISTRY, rep.name)
     unchecked = {"sens": "paper_unchecked"}
     eps = [Cell("ε composed (PLD)", "eps_pld", "max", "{:.3g}"), Cell("ε composed (RDP)", "eps_rdp", "max", "{:.3g}")]
     return rep.files({"acc": rep.table(["eps"], [Cell(value="acc", best="max")], ["E"], "sweep", unchecked),

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import (Cell, Claim, Report, column, contrast, dims, export, gt, load, near, numbers,
-                                   quotes, saving)
+from fedrun.reports.common import Cell, Report, column, dims, export, load, numbers, registry
 
 OUT = "results/kerkouche21"
+REGISTRY = f"{OUT}/claims.csv"   # the claims of the three reports with claims
 T3, SIZE, LR, LOCAL = (export(OUT, f"kerkouche21-{n}", every=10) for n in ("table3", "model-size", "server-lr",
                                                                             "local-lr"))
 AUDIT = export(OUT, "kerkouche21-audit", every=10)
@@ -63,43 +63,7 @@ def table3(root: Path) -> dict[Path, bytes]:
         quantities={"acc": ("best test accuracy", "{:.2f}"), "round": ("round of the best accuracy", "{:g}"),
                     "eps": ("ε at the best round", "{:g}"), "cost_mb": ("Cost r·n·32·Round·C to the best round, MB",
                                                                          "{:g}")})
-    q = quotes(root, OUT)
-    opts = [o for o in rep.present("server_opts") if o != "momentum"]   # momentum alone: FL-CS only (the EF ablation)
-    # the claims are judged at the design's η_g (FL-RND "on" also has runs at η_g = 1, made before the tuning: shown)
-    c = lambda scheme, r, dp, o: dict(scheme=scheme, r=r, dp=dp, server_opts=o, eta="design")  # noqa: E731
-    claims = [Claim(f"FL-CS outperforms FL-RND and FL-FREQ without DP at r = {r:g} [{OPTS[o]}]", "acc",
-                    (gt(c("fl_cs", r, "off", o), c("fl_rnd", r, "off", o)),
-                     gt(c("fl_cs", r, "off", o), c("fl_freq", r, "off", o))),
-                    *q["outperforms"]) for r in (0.05, 0.1, 0.2) for o in opts]
-    claims += [Claim(f"FL-CS reaches FL-STD's accuracy without DP at r = {r:g} (within ±3 points) [{OPTS[o]}]", "acc",
-                     (near(c("fl_cs", r, "off", o), c("fl_std", 1.0, "off", o), 0.03),), *q["reach_std"])
-               for r in (0.1, 0.2) for o in opts]
-    claims += [Claim(f"without DP at r = 0.05, FL-CS is about 6 points below FL-STD (6 ± 3) [{OPTS[o]}]", "acc",
-                     (near(c("fl_std", 1.0, "off", o), c("fl_cs", 0.05, "off", o), 0.03, 0.06),),
-                     *q["six_points"]) for o in opts]
-    claims += [Claim(f"DP costs FL-STD about 30 points of accuracy (without − with DP: 30 ± 10 points) [{OPTS[o]}]",
-                     "acc", (near(c("fl_std", 1.0, "off", o), c("fl_std", 1.0, "on", o), 0.10, 0.30),),
-                     *q["dp_30"]) for o in opts]
-    gap = lambda s, r, o, k: ((c(s, r, "off", o), k), (c(s, r, "on", o), -k))  # noqa: E731 - accuracy lost to DP
-    claims += [Claim(f"{SCHEMES[s]}: the DP gap grows with r (0.05 < 0.1 < 0.2) [{OPTS[o]}]", "acc",
-                     tuple(contrast(gap(s, hi, o, 1.0) + gap(s, lo, o, -1.0)) for lo, hi in ((0.05, 0.1), (0.1, 0.2))),
-                     *q["gap_grows"]) for s in ("fl_rnd", "fl_freq") for o in opts]
-    claims += [Claim(f"with DP, FL-CS at r = 0.05 beats FL-STD-DP [{OPTS[o]}]", "acc",
-                     (gt(c("fl_cs", 0.05, "on", o), c("fl_std", 1.0, "on", o)),), *q["cs_dp"]) for o in opts]
-    claims += [Claim(f"FL-CS-DP is best at the smallest r (r = 0.05 above 0.1 above 0.2) [{OPTS[o]}]", "acc",
-                     (gt(c("fl_cs", 0.05, "on", o), c("fl_cs", 0.1, "on", o)),
-                      gt(c("fl_cs", 0.1, "on", o), c("fl_cs", 0.2, "on", o))),
-                     *q["smallest_r"]) for o in opts]
-    claims += [Claim(f"FL-CS-DP at r = 0.05 does as well as FL-RND-DP at r = 0.1 (within ±1 point) [{OPTS[o]}]", "acc",
-                     (near(c("fl_cs", 0.05, "on", o), c("fl_rnd", 0.1, "on", o), 0.01),),
-                     *q["cs_vs_rnd"]) for o in opts]
-    claims += [saving(f"bandwidth saving of FL-CS over FL-STD ~{pct} % at r = {r:g} (uplink per round) [{OPTS[o]}]",
-                      "uplink_round_mb", c("fl_cs", r, "off", o), c("fl_std", 1.0, "off", o), least, *q[f"bw{pct}"])
-               for r, pct, least in ((0.05, 95, 0.945), (0.2, 80, 0.795)) for o in opts]
-    claims += [Claim(f"FL-CS: error feedback helps (server options on, i.e. momentum and error feedback, above momentum "
-                     f"alone) at r = {r:g} {'with' if dp == 'on' else 'without'} DP", "acc",
-                     (gt(c("fl_cs", r, dp, "on"), c("fl_cs", r, dp, "momentum")),), *q["error_feedback"])
-               for dp in ("off", "on") for r in (0.05, 0.1, 0.2)]
+    claims = registry(root, REGISTRY, rep.name)
     figure = rep.curves("table3_accuracy.svg", ["dp", "server_opts"], ["scheme", "r"], "Fashion-MNIST, fashion_cnn "
                         "(n = 114,314): test accuracy per round, mean over seeds (band: ± std)",
                         color=("scheme", {"fl_std": "black", "fl_rnd": "tab:blue", "fl_freq": "tab:green",
@@ -137,10 +101,7 @@ def model_size(root: Path) -> dict[Path, bytes]:
         where={"status": ("FINISHED",), "params.server_opts": ("off", "on"), "tags.dp": ("client",)},
         paper=numbers(root, OUT, "kerkouche21_model_size"),
         quantities={"acc": ("best test accuracy over 200 rounds", "{:.2f}")})
-    claims = [Claim(f"with DP, FL-CS at r = 0.05 beats FL-STD-DP [{rep.dims['model'].label(m)}, {OPTS[o]}]", "acc",
-                    (gt(dict(scheme="fl_cs", r=0.05, model=m, server_opts=o),
-                        dict(scheme="fl_std", r=1.0, model=m, server_opts=o)),), *quotes(root, OUT)["cs_dp"])
-              for o in ("off", "on") for m in ("fashion_cnn", "fashion_cnn_1m")]
+    claims = registry(root, REGISTRY, rep.name)
     figure = rep.curves("model_size_accuracy.svg", ["server_opts", "model"], ["scheme", "r"], "Client-level DP "
                         "(ε ≤ 1): test accuracy per round by model size", color=("scheme", {
                             "fl_std": "black", "fl_cs": "tab:red"}), style=("r", {1.0: "-", 0.05: "-", 0.1: "--"}))
@@ -194,20 +155,7 @@ def stopping(root: Path, df: pd.DataFrame | None = None) -> dict[Path, bytes]:
     table = rep.table(["model", "seed"], [Cell(h, v, "same") for h, v in (
         ("accuracy at round 20", "r20"), ("at round 30", "r30"), ("best up to round 30", "best30"),
         ("best over 200 rounds", "best"))] + [Cell("its round", "round", "same", "{:.0f}")])
-    paper = {p.quantity: p.number for p in numbers(root, OUT, "kerkouche21_table3")   # early stopped (line 87)
-             if p.at == dict(scheme="fl_std", r=1.0, dp="on")}
-    small, large = {"model": SMALL}, {"model": LARGE}
-    q = quotes(root, OUT)
-    claims = [Claim(f"early stopping: near the paper's round {paper['round']:g}, fedrun's FL-STD-DP is where the "
-                    f"paper's is (best up to round 30 within {paper['acc']:g} ± 0.03)", "best30",
-                    (contrast(((small, 1.0),), "≈", 0.03, paper["acc"]),), *q["early_stop"]),
-              Claim("early stopping: fedrun's FL-STD-DP goes on learning after round 30 (best over 200 rounds minus "
-                    "best up to round 30 above 0, per run)", "gain", (contrast(((small, 1.0),)),), *q["early_stop"]),
-              Claim(f"model size: the n ≈ 10⁶ model's best over 200 rounds falls to the paper's {paper['acc']:g} "
-                    "(± 0.03)", "best",
-                    (contrast(((large, 1.0),), "≈", 0.03, paper["acc"]),), *q["noise_n_converge"]),
-              Claim("model size: the n ≈ 10⁶ model's best over 200 rounds stays with the small model's (within ±3 "
-                    "points)", "best", (near(large, small, 0.03),), *q["noise_n"])]
+    claims = registry(root, REGISTRY, rep.name)
     return rep.files({"per_run": table, "means": rep.table(["model"], [
         Cell("best up to round 30", "best30"), Cell("best over 200 rounds", "best")])}, claims=claims, readme=False)
 

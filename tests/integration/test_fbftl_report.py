@@ -121,7 +121,7 @@ def _root(tmp_path: Path) -> Path:
     report's claims block."""
     root = tmp_path / "repo"
     (root / "results" / "fbftl").mkdir(parents=True)
-    for f in ("table.template.md", "paper_quotes.csv", "paper_numbers.csv"):   # text, quotes, numbers
+    for f in ("table.template.md", "claims.csv", "paper_numbers.csv"):   # text, quotes, numbers
         shutil.copy(REPO / "results" / "fbftl" / f, root / "results" / "fbftl")
     start, end = markers("fbftl")
     (root / "README.md").write_text(f"# A README\n\n- **003 (FbFTL)**: text.\n{start}\n{end}\n\nThe end.\n")
@@ -169,21 +169,21 @@ def test_fbftl_report_from_a_synthetic_export(tmp_path, capsys):
     assert "| FEMNIST | FL | 10 ± 0 (3) | 1.994 ± 0.01975 (3) |" in md
     assert "| FEMNIST | FbFTL | 20 ± 0 (3) | 0.2309 ± 0 (3) |" in md
     assert "| MNIST | FTL-c | 48 ± 4 (2) | 1.69 ± 0.1022 (2) |" in md
-    assert "- FTL-full reaches the target accuracy with less uplink than FL (target MNIST, 0.78): **inconclusive**" in md
-    # claims: counted bytes decide the uplink ones, the claim test (Welch, Holm over the report) the accuracy ones
-    assert ("- FbFTL's uplink ≪ FTL-c's (at least 10× less over the 100 rounds) [target MNIST]: **true by construction** — saving "
-            "93.5 % (threshold 90.0 %)") in md
-    assert ("- FTL-full's uplink over the 100 rounds equals FL's [target Fashion-MNIST]: **by construction** — the "
-            "same parameters per upload") in md   # true by construction: not counted as met
-    assert "- FbFTL has the least downlink broadcast [target MNIST]: **met**" in md
-    assert "- FbFTL's final test accuracy equals FTL-c's (within ±1 point; " in md
-    assert "not the same training) [target MNIST]: **not met** — FbFTL 0.865 ± 0.002 (n=3) − FTL-c" in md
-    assert "- FbFTL's final test accuracy is below FTL-full's [target Fashion-MNIST]: **met**" in md
-    assert "- FTL-full's final test accuracy is above FL's [target MNIST]: **inconclusive**" in md
+    # claims from the registry (results/fbftl/claims.csv); uplink to the target is censored (log-rank)
+    assert ("- S1. FTL-full reaches the target accuracy with less uplink than FL (target MNIST, 0.78): uplink to the "
+            "target as a censored outcome") in md and "**inconclusive** — FTL-full: Kaplan–Meier median" in md
+    assert ("- B1. FbFTL's uplink ≪ FTL-c's (at least 10× less over the 100 rounds) [target MNIST]: **true by "
+            "construction** — saving 93.5 % (threshold 90.0 %)") in md
+    assert "- B6. FTL-full's uplink over the 100 rounds equals FL's [target Fashion-MNIST]: **true by construction**" in md
+    assert "- S5. FbFTL has the least downlink broadcast [target MNIST]: **met**" in md
+    assert ("- S7. FbFTL's final test accuracy equals FTL-c's (within ±2 points; FTL-c: 100 FedAvg rounds, FbFTL: 100 "
+            "server epochs on all samples, not the same training) [target Fashion-MNIST]: **not met** — FbFTL 0.757") in md
+    assert "- S13. FbFTL's final test accuracy is below FTL-full's [target Fashion-MNIST]: **met**" in md
+    assert "- S14. FTL-full's final test accuracy is above FL's [target MNIST]: **inconclusive**" in md
     # README.md's block: the same verdicts
     text = (root / "README.md").read_text()
     assert text.startswith("# A README\n\n- **003 (FbFTL)**: text.\n") and text.endswith("\n\nThe end.\n")
-    line = "- FbFTL's final test accuracy is below FTL-full's [target Fashion-MNIST]: **met**"
+    line = "- S13. FbFTL's final test accuracy is below FTL-full's [target Fashion-MNIST] [secondary]: **met**"
     assert line + "\n" in text and "Claims checked by [table.md](results/fbftl/table.md)" in text
     capsys.readouterr()
     assert main(["fbftl", "--root", str(root), "--check"]) == 0

@@ -119,7 +119,7 @@ def _root_with_table3(tmp_path: Path) -> Path:
     _synthetic_table3(root / "results" / "kerkouche21" / "runs" / "kerkouche21-table3")
     text = (REPO / "results" / "kerkouche21" / "table3.template.md").read_text()
     (root / "results" / "kerkouche21" / "table3.template.md").write_text(text + "\n## Notes\n\nhand-written notes.\n")
-    for f in ("paper_quotes.csv", "paper_numbers.csv"):   # the paper's words and numbers
+    for f in ("claims.csv", "paper_numbers.csv"):   # the paper's words and numbers
         shutil.copy(REPO / "results" / "kerkouche21" / f, root / "results" / "kerkouche21")
     (root / "conf" / "experiment").mkdir(parents=True)  # the design's η_g (server_lr)
     shutil.copy(REPO / "conf" / "experiment" / "kerkouche21_table3.yaml", root / "conf" / "experiment")

@@ -1,4 +1,4 @@
-"""The paper's words that the claims cite (results/<paper>/paper_quotes.csv, and the quoted passages in
+"""The paper's words that the claims cite (the ``source`` of results/<paper>/claims.csv, and the quoted passages in
 paper_numbers.csv's "where"): each passage in double quotes stands, word for word, on the lines of the stored paper
 text that its "where" names (../shared/papers/, found through $FEDRUN_PAPERS or beside $FEDRUN_DATA; skipped where
 the papers are not on the machine). Compared on letters and digits only: the stored text writes math as LaTeX
@@ -38,13 +38,13 @@ def _lines(where: str) -> list[int]:
 
 def _passages():
     for folder, prefix in PAPERS.items():
-        for name, field in (("paper_quotes.csv", "quote"), ("paper_numbers.csv", "where")):
+        for name, field in (("claims.csv", "source"), ("paper_numbers.csv", "where")):
             path = REPO / "results" / folder / name
             if path.exists():
                 with open(path, newline="", encoding="utf-8") as f:
                     for row in csv.DictReader(f):
                         for q in re.findall(r'"([^"]{12,})"', row[field]):
-                            key = row.get("key") or row["quantity"]
+                            key = row.get("id") or row["quantity"]
                             yield pytest.param(folder, prefix, row["where"], q, id=f"{folder}:{key}")
 
 

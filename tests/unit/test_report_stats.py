@@ -18,16 +18,48 @@ RNG = np.random.default_rng(20240601)
 
 
 @pytest.mark.parametrize("n1,n2", [(2, 2), (3, 3), (3, 5), (6, 4)])
-def test_welch_is_scipys_unequal_variance_t_test(n1, n2):
+def test_welch_is_scipys_unequal_variance_statistic_with_hsus_degrees_of_freedom(n1, n2):
     for _ in range(20):
         a, b = RNG.normal(0.8, RNG.uniform(0.001, 0.05), n1), RNG.normal(0.79, RNG.uniform(0.001, 0.05), n2)
         w = stats.welch([a, b], [1.0, -1.0])
         ref = st.ttest_ind(a, b, equal_var=False)
-        assert w.d / w.se == pytest.approx(ref.statistic, rel=1e-10) and w.df == pytest.approx(ref.df, rel=1e-10)
-        assert w.p_above(0) == pytest.approx(st.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue)
-        assert w.p_below(0) == pytest.approx(st.ttest_ind(a, b, equal_var=False, alternative="less").pvalue)
-        assert w.ci() == pytest.approx(tuple(ref.confidence_interval(0.95)), rel=1e-9)
-        assert stats.decide(*stats.p_values(w, ">", 0.0))[0] == pytest.approx(ref.pvalue)   # both sides at α/2
+        assert w.d / w.se == pytest.approx(ref.statistic, rel=1e-10) and w.df == min(n1, n2) - 1
+        assert w.p_above(0) == pytest.approx(st.t.sf(ref.statistic, min(n1, n2) - 1), rel=1e-10)
+        assert w.p_below(0) == pytest.approx(st.t.cdf(ref.statistic, min(n1, n2) - 1), rel=1e-10)
+        assert stats.decide(*stats.p_values(w, ">", 0.0))[0] == pytest.approx(
+            2 * st.t.sf(abs(ref.statistic), min(n1, n2) - 1))   # both sides at α/2
+        assert w.df <= ref.df   # never more degrees of freedom than Satterthwaite's: wider intervals
+
+
+@pytest.mark.parametrize("n,ratio", [(3, 4.0), (5, 10.0)])
+def test_with_no_true_difference_a_verdict_comes_at_most_five_percent_of_the_time(n, ratio):
+    """40,000 pairs of cells with equal means and spreads ratio:1, each decided by the claim test (both directions at
+    α/2): the decisive rate is at most α plus three Monte Carlo standard errors (with Satterthwaite's df it is 5.8 %
+    at n = 3, ratio 4, seven standard errors above: the reason for Hsu's)."""
+    reps, rng = 40_000, np.random.default_rng(7)
+    a, b = rng.normal(0, ratio, (reps, n)), rng.normal(0, 1.0, (reps, n))
+    decided = sum(stats.decide(*stats.p_values(stats.welch([x, y], [1.0, -1.0]), ">", 0.0))[0] <= stats.ALPHA
+                  for x, y in zip(a, b))
+    assert decided / reps <= stats.ALPHA + 3 * math.sqrt(stats.ALPHA * (1 - stats.ALPHA) / reps)
+
+
+@pytest.mark.parametrize("looks,most", [(1, 0.1), (3, stats.ALPHA)])
+def test_a_look_before_adding_seeds_is_paid_for(looks, most):
+    """No true difference: looks at 3 and 6 seeds per cell, seeds added when inconclusive, the verdict read again at
+    10 (FTL-c's history in results/fbftl). Unpaid (p as it is) the design is decisive more than α of the time; with
+    p × 3 (Bonferroni over the three looks, the registries' ``looks``) at most α plus three Monte Carlo standard
+    errors."""
+    reps, rng, decisive = 10_000, np.random.default_rng(11), 0
+    for a, b in zip(rng.normal(0, 1, (reps, 10)), rng.normal(0, 2, (reps, 10))):
+        for n in (3, 6, 10):
+            p = stats.decide(*stats.p_values(stats.welch([a[:n], b[:n]], [1.0, -1.0]), ">", 0.0))[0]
+            if min(1.0, p * looks) <= stats.ALPHA:
+                decisive += 1
+                break
+    rate, se = decisive / reps, math.sqrt(stats.ALPHA * (1 - stats.ALPHA) / reps)
+    assert rate <= most + 3 * se
+    if looks == 1:
+        assert rate > stats.ALPHA + 3 * se   # the reason for paying
 
 
 def test_a_contrast_of_four_cells_and_a_cell_against_a_number():
@@ -36,7 +68,7 @@ def test_a_contrast_of_four_cells_and_a_cell_against_a_number():
     v = [np.var(x, ddof=1) / len(x) for x in cells]
     assert w.d == pytest.approx(np.mean(cells[0]) - np.mean(cells[1]) - np.mean(cells[2]) + np.mean(cells[3]))
     assert w.se == pytest.approx(math.sqrt(sum(v)))
-    assert w.df == pytest.approx(sum(v) ** 2 / sum(x * x / (len(c_) - 1) for x, c_ in zip(v, cells)))
+    assert w.df == 2   # min(nᵢ) − 1 over the cells of the contrast
     one = stats.welch([cells[2]], [1.0])   # one cell against a number: the one-sample t test
     ref = st.ttest_1samp(cells[2], 0.65, alternative="less")
     assert one.df == len(cells[2]) - 1 and stats.p_values(one, "<", 0.65)[0] == pytest.approx(ref.pvalue)
@@ -47,8 +79,8 @@ def test_tost_is_two_shifted_one_sided_tests():
     a, b = RNG.normal(0.80, 0.004, 3), RNG.normal(0.795, 0.004, 3)
     w = stats.welch([a, b], [1.0, -1.0])
     met, _ = stats.p_values(w, "≈", 0.02)
-    lower = st.ttest_ind(a, b - 0.02, equal_var=False, alternative="greater").pvalue   # H₀: d ≤ −0.02
-    upper = st.ttest_ind(a, b + 0.02, equal_var=False, alternative="less").pvalue      # H₀: d ≥ +0.02
+    hsu = lambda x, y: st.t.sf(st.ttest_ind(x, y, equal_var=False).statistic, 2)  # noqa: E731 (df min(3, 3) − 1)
+    lower, upper = hsu(a, b - 0.02), hsu(b + 0.02, a)   # H₀: d ≤ −0.02, H₀: d ≥ +0.02
     assert met == pytest.approx(max(lower, upper))
     centered, _ = stats.p_values(stats.welch([a, b - 0.3], [1.0, -1.0]), "≈", 0.02, center=0.3)
     assert centered == pytest.approx(met)
@@ -138,11 +170,26 @@ def test_claims_are_decided_after_holm_over_the_report():
     assert [v for v, _ in got] == ["met", "not met", "inconclusive", "inconclusive", "inconclusive",
                                    "by construction", "not attempted"]
     assert "one seed in a cell, no spread" in got[3][1] and got[6][1] == "no runs of scheme = f"
-    assert "difference +0.100 (95 % CI" in got[0][1] and "Holm-adjusted p" in got[0][1] and "(family of 4)" in got[0][1]
+    assert "difference +0.100 (95 % CI" in got[0][1] and "Holm-adjusted p" in got[0][1]
+    assert "(the secondary family of 4)" in got[0][1]
     assert "seeds per cell for 80 % power" in got[2][1] and got[4][1].startswith("any of: ")
     text = rep.claims(claims, got)
-    assert "Welch's t with Satterthwaite's degrees of freedom" in text and "- a beats b: **met** — " in text
-    assert "family of tested claims: 4 here." in text
+    assert "Welch's t with the conservative degrees of freedom min(nᵢ) − 1" in text and "- a beats b: **met** — " in text
+    assert "secondary family: 4 here)" in text
+
+
+def test_a_claims_p_is_paid_for_its_looks_and_the_families_are_apart():
+    """looks = 2 doubles the claim's p (Bonferroni over the looks); a primary claim is corrected with the primary
+    claims only, and is judged on its seeds, the others shown as exploratory."""
+    rep = _report({"a": [0.80, 0.81, 0.82], "b": [0.70, 0.71, 0.72]})
+    a, b = {"scheme": "a"}, {"scheme": "b"}
+    once, twice = (rep.test(c.Claim("a beats b", "acc", (c.gt(a, b),), looks=k)) for k in (1, 2))
+    assert twice["p"] == pytest.approx(2 * once["p"]) and "× 2 looks" in twice["text"]
+    claims = [c.Claim("P", "acc", (c.gt(a, b),), family="primary", seeds=(0, 1)),
+              c.Claim("S", "acc", (c.gt(b, a),)), c.Claim("S2", "acc", (c.gt(b, a),))]
+    got = rep.verdicts(claims)
+    assert "(the primary family of 1)" in got[0][1] and "(the secondary family of 2)" in got[1][1]
+    assert "n=2" in got[0][1] and "Exploratory seeds 2 (run before the registry, not judged)" in got[0][1]
 
 
 def test_the_family_is_the_papers_claims_in_all_its_reports():
@@ -151,7 +198,7 @@ def test_the_family_is_the_papers_claims_in_all_its_reports():
     rep = _report({"a": [0.80, 0.83, 0.86], "b": [0.70, 0.74, 0.69]})
     claims = [c.Claim("a beats b", "acc", (c.gt({"scheme": "a"}, {"scheme": "b"}),))]
     alone = rep.verdicts(claims)
-    c.FAMILY = {"other": [0.5] * 39}
+    c.FAMILY = {"other": [{"family": "secondary", "p": 0.5, "met": True}] * 39}
     try:
         joined = rep.verdicts(claims)
         assert "39 in other" in rep.claims(claims, joined)
@@ -160,9 +207,9 @@ def test_the_family_is_the_papers_claims_in_all_its_reports():
             rep.verdicts(claims)
     finally:
         c.FAMILY = {}
-    assert alone[0][0] == "met" and joined[0][0] == "inconclusive" and "(family of 40)" in joined[0][1]
-    assert raw.value.args[0] == pytest.approx([stats.welch([[0.80, 0.83, 0.86], [0.70, 0.74, 0.69]],
-                                                           [1, -1]).p_above(0) * 2])
+    assert alone[0][0] == "met" and joined[0][0] == "inconclusive" and "(the secondary family of 40)" in joined[0][1]
+    assert [t["p"] for t in raw.value.args[0]] == pytest.approx([stats.welch([[0.80, 0.83, 0.86], [0.70, 0.74, 0.69]],
+                                                                              [1, -1]).p_above(0) * 2])
 
 
 def test_logrank_p_is_small_for_the_cell_that_reaches_the_target_sooner():

@@ -24,10 +24,11 @@ def _rec(seed, opts, acc, scheme="fl_std", dp="client", model=None):
 def _stopping(tmp_path, records) -> str:
     out = tmp_path / "results" / "kerkouche21"
     out.mkdir(parents=True, exist_ok=True)
-    for f in ("fl_std_dp_stopping.template.md", "paper_quotes.csv", "paper_numbers.csv"):
+    for f in ("fl_std_dp_stopping.template.md", "claims.csv", "paper_numbers.csv"):
         shutil.copy(REPO / "results" / "kerkouche21" / f, out)
     files = k.stopping(tmp_path, pd.DataFrame(records, dtype=object))
-    assert list(files) == [Path("results/kerkouche21/fl_std_dp_stopping.md")]   # no README block
+    assert list(files) == [Path("results/kerkouche21/fl_std_dp_stopping.md"),   # no README block
+                           Path("results/kerkouche21/fl_std_dp_stopping.verdicts.csv")]
     return files[Path("results/kerkouche21/fl_std_dp_stopping.md")].decode()
 
 
@@ -46,5 +47,10 @@ def test_the_claims_of_the_two_explanations(tmp_path):
     large = [_rec(s, "off", (0.3, 0.4, 0.5, b), model="fashion_cnn_1m") for s, b in ((0, 0.62), (1, 0.60), (2, 0.61))]
     text = _stopping(tmp_path, small + large)
     lines = [x for x in text.splitlines() if x.startswith("- ")]
-    assert [x.split("**")[1] for x in lines] == ["met", "met", "met", "not met"]
-    assert "(family of 4)" in lines[0] and "model = fashion_cnn_1m 0.610 ± 0.010 (n=3)" in lines[2]
+    verdicts = [x.split("**")[1] for x in lines]
+    # near round 25 where the paper is (0.61 ± 0.02: met); the paper's "can not achieve more than 61 %" against
+    # fedrun's best over 200 rounds (0.79: not met, a verdict against the paper); the large model at 0.61 ± 0.02
+    # on 3 seeds (df 2, p × 2 looks: inconclusive); the large model with the small one (not met)
+    assert verdicts == ["met", "not met", "inconclusive", "not met"], verdicts
+    assert "(the secondary family of 4)" in lines[0] and "model = fashion_cnn_1m 0.610 ± 0.010 (n=3)" in lines[2]
+    assert "cannot achieve more than 61 %" in lines[1]
