@@ -543,12 +543,12 @@ class Report:
             t.update(id=c.id, family=c.family, claim=c.text, number=(c.row or {}).get("paper_number", ""),
                      report=self.name)
         if others is None:
-            raise Collected([t for t in tests if "p" in t])
+            raise Collected(tests)
         theirs = [t for ts in others.values() for t in ts]
         self.family = {}
         for fam in FAMILY_ORDER:
             ours = [t for t in tests if "p" in t and t["family"] == fam]
-            rest = [dict(t) for t in theirs if t["family"] == fam]
+            rest = [dict(t) for t in theirs if "p" in t and t["family"] == fam]
             adjusted = stats.holm([t["p"] for t in ours + rest])
             for i, (t, adj) in enumerate(zip(ours + rest, adjusted)):
                 decided = adj <= stats.ALPHA
@@ -561,8 +561,10 @@ class Report:
                     t["text"] += (f"; seeds per cell for 80 % power at the observed difference and spread, at "
                                   f"α/{len(adjusted)}: " + ", ".join(str(n or "over 1,000") for n in need))
             self.family[fam] = f"{len(ours)} here" + "".join(
-                f", {n} in {r}" for r, n in ((r, sum(t["family"] == fam for t in ts)) for r, ts in others.items()) if n)
-            if fam == "primary":
+                f", {n} in {r}" for r, n in ((r, sum(t["family"] == fam and "p" in t for t in ts)) for r, ts in others.items())
+                if n)
+            if fam == "primary":   # with the other reports' primary claims not tested (not attempted)
+                rest += [t for t in theirs if "p" not in t and t["family"] == fam]
                 self.primary = sorted(((t["id"], t) for t in [t for t in tests if t["family"] == fam] + rest),
                                       key=lambda kv: _natural(kv[0]))
         self.decided = tests

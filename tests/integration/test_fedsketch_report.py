@@ -137,6 +137,11 @@ def _synthetic_runs(rng: random.Random) -> tuple[list[dict], list[tuple[str, str
     failed.update({"run_id": f"{i + 1:032x}", "status": "FAILED", "params.seed": "3", "metrics.test_accuracy": ""})
     failed = {k: v for k, v in failed.items() if not k.startswith("metrics.summary/")}
     runs.append(failed)
+    # a run that diverged (FAILED with the divergence reason): a result at its η, scored at its last accuracy
+    diverged = dict(failed, run_id=f"{i + 2:032x}", **{"params.seed": "4", "metrics.test_accuracy": 0.1,
+                                                      "tags.fedrun.failure_reason": "the run diverged at round 20: "
+                                                      "NaN/inf in the global model or the training loss"})
+    runs.append(diverged)
     return runs, points
 
 
@@ -171,12 +176,13 @@ def test_the_report_builds_both_figures_tables_and_claims_from_the_exports(tmp_p
         assert (out / svg).read_bytes().startswith(b"<?xml") and f"]({svg})" in md
     assert not (out / "fedsketch.md").exists()  # the old, unregenerable results are not touched
 
-    # every run placed: 32 cells × 3 seeds; the FAILED run that did not diverge (a crash) left out and said so; the
+    # every run placed: 32 cells × 3 seeds and one diverged run; the FAILED run that did not diverge (a crash) left
+    # out and said so; the
     # expected η = 1 cells of SketchedSGD that diverged and the retry cells at the next smaller η (here: not
     # synthesized) are counted as without runs
-    assert "Cells: 41 expected; 32 with ≥ 3 seeds, 0 with 1–2, 9 without runs." in md
-    assert ("Runs: 97 in the exports `results/fedsketch/runs/fedsketch-homogeneous.runs.csv.gz`, "
-            "`results/fedsketch/runs/fedsketch-heterogeneous.runs.csv.gz`; 96 in the tables (left out: 1 not "
+    assert "Cells: 41 expected; 1 with ≥ 4 seeds, 31 with 1–3, 9 without runs." in md   # the diverged seed 4
+    assert ("Runs: 98 in the exports `results/fedsketch/runs/fedsketch-homogeneous.runs.csv.gz`, "
+            "`results/fedsketch/runs/fedsketch-heterogeneous.runs.csv.gz`; 97 in the tables (left out: 1 not "
             "matching outcome = finished/diverged)") in md
     # the accuracy table: one section per figure, a column triple per τ present in it; FedSGD at every τ
     assert "### Figure 1: homogeneous (i.i.d.)" in md and "### Figure 2: heterogeneous (1–2 classes per worker)" in md
@@ -188,13 +194,13 @@ def test_the_report_builds_both_figures_tables_and_claims_from_the_exports(tmp_p
     assert "| FS | HEAPRIX | (50, 100) | 0.1 | 0.797 ± 0.005 (3) | " in fig1
     assert "| SketchedSGD |  | (20, 40) | 1 | 0.302 ± 0.006 (3) | 0.304 ± 0.006 (3) | 0% | – | – | – | – | – | – |" in fig1
     fig2 = md.split("## Bytes")[0].split("### Figure 2")[1]
-    assert "| FSGATE | HEAPRIX | (50, 100) | 0.01 | 0.762 ± 0.000 (3) | 0.764 ± 0.000 (3) | 0% | – | – | – |" in fig2
+    # the diverged seed is in its cell at its last accuracy (0.1), and counted: 1 of 4 diverged
+    assert "| FSGATE | HEAPRIX | (50, 100) | 0.01 | 0.596 ± 0.331 (4) | 0.764 ± 0.000 (3) | 25% | – | – | – |" in fig2
     # the bytes table: counted bytes, measured compression beside the paper's 75× / 12×
     assert "| FedSGD |  |  | 9 | 80 | 25 | 246,824 | 1.0× |  | 493.65 | 493.65 |" in md
     assert "| FS | PRIVIX | (20, 40) | 9 | 80 | 25 | 3,200 | 77.1× | 75× | 6.40 | 12.80 |" in md
     assert "| FS | HEAPRIX | (20, 40) | 9 | 80 | 25 | 3,360 | 73.5× | 75× | 6.72 | 13.44 |" in md
-    assert "| FSGATE | HEAPRIX | (50, 100) | 0.01 | 3 | 40 | 50 | 20,400 | 12.1× | 12× | 40.80 | 40.80 |" in md or \
-        "| FSGATE | HEAPRIX | (50, 100) | 3 | 40 | 50 | 20,400 | 12.1× | 12× | 40.80 | 40.80 |" in md
+    assert "| FSGATE | HEAPRIX | (50, 100) | 4 | 40 | 50 | 20,400 | 12.1× | 12× | 40.80 | 40.80 |" in md
 
     # claims from the registry (results/fedsketch/claims.csv): the rule's verdicts with their numbers, p × 2 looks
     claims = md.split("## The claims")[1].split("## The paper's numbers")[0]

@@ -70,3 +70,16 @@ def test_kaplan_meier_median_with_censored_runs():
     assert stats.km_median(t, np.array([True, True, False, True])) == 20.0
     assert stats.km_median(t, np.array([True, False, False, True])) == 40.0
     assert math.isnan(stats.km_median(t[:3], np.array([True, False, False])))
+
+
+def test_fedsketch_claims_read_the_eta_fixed_by_the_tuning_seeds():
+    """No claim reads a cell re-run at a smaller η after an evaluation seed diverged: every cell's η is the sweep's
+    (conf/experiment/fedsketch_homogeneous.yaml's ``fedsketch_lr``, tuned by experiment=fedsketch_tune)."""
+    import yaml
+
+    table = yaml.safe_load((ROOT / "conf/experiment/fedsketch_homogeneous.yaml").read_text())["fedsketch_lr"]
+    cells = [cell for c in registry(ROOT, "results/fedsketch/claims.csv", "fedsketch")
+             for terms, *_ in c.comps for cell, _ in terms]
+    assert len(cells) > 50
+    for cell in cells:
+        assert float(cell["lr"]) == float(table[cell["scheme"]]), cell
