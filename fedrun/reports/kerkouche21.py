@@ -55,7 +55,7 @@ def table3(root: Path) -> dict[Path, bytes]:
                    eps=m("epsilon_at_best").where(dp), eps_final=m("epsilon_final").where(dp),
                    sigma=m("dp_noise_multiplier").where(dp), clip=m("dp_clipping_norm").where(dp))
     rep = Report("kerkouche21_table3", root, f"{OUT}/table3.md", [T3], df, dims(
-        scheme=dict(values=SCHEMES), r=dict(values=[1.0, 0.05, 0.1, 0.2]),
+        scheme=dict(values=SCHEMES), r=dict(values=[1.0, 0.01, 0.05, 0.1, 0.2]),
         dp=dict(values=["off", "on"], labels={"off": "without DP", "on": "with client-level DP"}, header="DP"),
         server_opts=dict(values=OPTS, header="server options"),
         eta=dict(values=None, labels={"design": "the design's η_g"}, header="server lr"), seed={}),
