@@ -274,7 +274,8 @@ def configs(df: pd.DataFrame, cells: Sequence[str]) -> pd.Series:
         if f"params.{group}.name" in text:
             text[f"params.{group}.name"] = text[f"params.{group}.name"].replace("nan", off)
     seed = df.get("params.seed", pd.Series("", index=df.index)).astype(str)
-    for _, idx in df.groupby(list(cells), dropna=False).groups.items():
+    for pos in df.groupby(list(cells), dropna=False).indices.values():
+        idx = df.index[pos]
         keys = [c for c in params if not (text.loc[idx, c] == seed.loc[idx]).all()]
         out.loc[idx] = ["|".join(f"{k}={v}" for k, v in zip(keys, row))
                         for row in text.loc[idx, keys].itertuples(index=False)]

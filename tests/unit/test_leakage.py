@@ -267,3 +267,14 @@ def test_leakage_table_script(tmp_path, capsys, load_script):
     mod.main(["--num-classes", "3", "--batch-sizes", "2", "--num-clients", "4", "--method", "monte_carlo",
               "--num-samples", "10"])
     assert "(MC)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("n,k", [(2, 1), (2, 2), (10, 1), (10, 2)])
+def test_expected_leakage_falls_as_the_number_of_clients_grows(n, k):
+    """Paper 003's trend ("U is typically large ... the privacy leakage with shuffled output is negligible", line 101):
+    the exact expected leakage of the shuffled upload strictly falls with U (results/fbftl/claims.csv cites this
+    test for its "check" line; leakage.md tabulates it)."""
+    us = (1, 2, 5, 10, 100, 1000)
+    leak = [lk.expected_leakage(n, k, u, method="exact").mean for u in us]
+    assert all(a > b for a, b in zip(leak, leak[1:])), leak
+    assert leak[0] == pytest.approx(lk.prior_entropy(n, k), abs=1e-12)
