@@ -592,10 +592,9 @@ class Report:
         """The paper's primary claims (all its reports): verdict, the paper's number beside fedrun's estimate."""
         rows = [(t["claim"] + ("" if t["report"] == self.name else f" ({t['report']})"), f"**{t['verdict']}**",
                  t["number"], t.get("estimate", ""), t.get("exploratory", "") or "–") for _, t in self.primary]
-        return ("## The paper's primary claims\n\n" + md(["claim", "verdict", "paper", "fedrun (confirmatory seeds: "
-                                                           "estimate, 95 % CI, seeds per cell)",
-                                                           "exploratory seeds (not judged)"], rows)
-                if rows else "")
+        head = ["claim", "verdict", "paper", "fedrun (confirmatory seeds: estimate, 95 % CI, seeds per cell)",
+                "exploratory seeds (not judged)"]
+        return "## Primary claims (every report of the registry)\n\n" + md(head, rows) if rows else ""
 
     def files(self, blocks: Mapping[str, str], figures: Mapping[str, bytes] = {}, claims: Sequence[Claim] = (),
               expect: Sequence[Mapping[str, Any]] = (), readme: bool = True) -> dict[Path, bytes]:
