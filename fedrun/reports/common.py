@@ -529,7 +529,7 @@ class Report:
             if seen:
                 old = self.test(claim._replace(seeds=tuple(seen), family="exploratory"))
                 out["exploratory"] = f"{old['estimate']} (seeds {_ranges(seen)})" if old.get("estimate") else ""
-                out["text"] += f". Exploratory seeds {_ranges(seen)} (run before the registry, not judged): " + \
+                out["after"] = f". Exploratory seeds {_ranges(seen)} (run before the registry, not judged): " + \
                     old["text"]
         return out
 
@@ -561,6 +561,7 @@ class Report:
                     need = (stats.seeds_needed(w, m, stats.ALPHA / len(adjusted)) for w, m in t["needed"])
                     t["text"] += (f"; seeds per cell for 80 % power at the observed difference and spread, at "
                                   f"α/{len(adjusted)}: " + ", ".join(str(n or "over 1,000") for n in need))
+                t["text"] += t.get("after", "")   # a primary claim's exploratory seeds, after its verdict's numbers
             self.family[fam] = f"{len(ours)} here" + "".join(
                 f", {n} in {r}" for r, n in ((r, sum(t["family"] == fam and "p" in t for t in ts)) for r, ts in others.items())
                 if n)
