@@ -87,11 +87,11 @@ def family_rate(claims: list[dict], reps: int, seed: int = 0) -> tuple[float, fl
     return any_ / reps, float(per.max() / reps)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the table here (markdown)")
     ap.add_argument("--reps", type=int, default=2000)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     names = [n for n in REPORTS if n != "tallies"]
     groups = [list(f) for f in FAMILIES] + [[n] for n in names if not any(n in f for f in FAMILIES)]
     rows, t0 = [], time.time()
