@@ -3,18 +3,24 @@
 For each report of :data:`fedrun.reports.REPORTS` (``python -m fedrun.report <name>``), its files are built again (no
 MLflow) and compared with the committed ones, README.md's claims blocks included. The same mechanism is then checked
 end to end on a synthetic Table III export in a temporary repository: generated twice it gives the same bytes;
-``--check`` passes, and fails once a value of the export or a README verdict changes.
+``--check`` passes, and fails once a value of the export or a README verdict changes. Last, the order the registries
+promise: every run judging a claim registered before its runs started after the commit that registered it.
 """
 
 from __future__ import annotations
 
+import csv
 import functools
+import io
 import math
+import os
 import random
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from fedrun import export as ex
@@ -26,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 _MIXED: dict[str, dict] = {}
+_CLAIMED: dict[str, list] = {}   # the report's Report objects that judged claims
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,6 +40,7 @@ def _files(name: str) -> dict[Path, bytes]:
     common.BUILT.clear()
     files = report_files(name, REPO)
     _MIXED[name] = {(rep.name, cell): n for rep in common.BUILT for cell, n in rep.mixed.items()}
+    _CLAIMED[name] = [rep for rep in common.BUILT if rep.name == name and getattr(rep, "claimed", None)]
     return files
 
 
@@ -202,3 +210,116 @@ def test_a_missing_export_or_an_unknown_report_is_one_line(tmp_path, capsys):
     assert main(["table3", "--root", str(root)]) == 2
     err = capsys.readouterr().err.strip()
     assert "no report 'table3'; reports: kerkouche21_table3" in err and "\n" not in err
+
+
+# ------------------------------------------------------------------- claims registered before the runs judging them
+#: what decides a claim (results/README.md's rules): a row whose fields differ here was registered anew
+DECISION = ("claim", "config", "comparisons", "value", "test", "bound", "margin", "seeds")
+#: the first registry format (aa3bccf, results/correlated/claims.csv): two cells ``left``/``right``, and the values'
+#: names before the frame's column names replaced them (2799cf2's amendment: "claim, test, margin and seeds unchanged")
+FIRST_FORMAT_VALUES = {"final_accuracy": "final", "uplink_mb": "up_mb"}
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+
+
+def _decision(row: dict) -> dict:
+    if "left" in row:
+        row = {**row, "comparisons": f"[{row['left']}] - [{row['right']}]",
+               "value": FIRST_FORMAT_VALUES.get(row["value"], row["value"])}
+    return {k: row[k] for k in DECISION if k in row}
+
+
+def _registered(root: Path, path: str, row: dict) -> tuple[str, int] | None:
+    """(commit, its time in s) of the first commit of registry ``path`` holding ``row``'s claim with today's decision
+    (claim, cells, outcome, test, bound, margin, seeds); None when no commit does."""
+    now = _decision(row)
+    for line in _git(root, "log", "--reverse", "--format=%H %ct", "--", path).stdout.splitlines():
+        commit, when = line.split()
+        old = {r["id"]: r for r in csv.DictReader(io.StringIO(_git(root, "show", f"{commit}:{path}").stdout))}
+        if row["id"] in old and all(now[k] == v for k, v in _decision(old[row["id"]]).items()):
+            return commit, int(when)
+    return None
+
+
+def registered_first(root: Path, reports) -> list[str]:
+    """A line per run that judges a claim registered before its runs (a primary claim, or one on confirmatory seeds,
+    1000 and up) but started before the commit that first held the claim's registry row as it is now; and per claim
+    whose row no commit holds. A secondary claim's cell shared with a primary claim of its report (the registry's
+    note says so, e.g. P1's runs at r = 0.05 in paper 000's S41) is checked as the primary claim's."""
+    rows = {(r["report"], r["id"]): (str(p.relative_to(root)), r) for p in sorted(root.glob("results/*/claims.csv"))
+            for r in csv.DictReader(open(p, newline="", encoding="utf-8"))}
+    found = []
+    for rep in reports:
+        checked = [c for c in rep.claimed if c.comps and c.seeds and (c.family == "primary" or min(c.seeds) >= 1000)]
+        primary_runs: set = set()
+        for c in sorted(checked, key=lambda c: c.family != "primary"):
+            path, row = rows[(rep.name, c.id)]
+            at = _registered(root, path, row)
+            if at is None:
+                found.append(f"{rep.name} {c.id}: no commit of {path} holds this claim as it is now")
+                continue
+            cells = [rep.typed(cell) for terms, *_ in c.comps for cell, _ in terms]
+            runs = pd.concat([rep.match({**cell, rep.seed: tuple(c.seeds)}) for cell in cells]).drop_duplicates("run_id")
+            if c.family == "primary":
+                primary_runs |= set(runs["run_id"])
+            else:
+                runs = runs[~runs["run_id"].isin(primary_runs)]
+            found += [f"{rep.name} {c.id}: run {run['run_id']} (seed {run[rep.seed]}) started before {at[0][:7]} "
+                      f"registered the claim" for _, run in runs.iterrows() if not int(run["start_time"]) > 1000 * at[1]]
+    return found
+
+
+def _full_history() -> bool:
+    return _git(REPO, "rev-parse", "--is-shallow-repository").stdout.strip() == "false"
+
+
+@pytest.mark.parametrize("name", [n for n in REPORTS if n != "tallies"])
+def test_confirmatory_runs_started_after_their_claims_were_registered(name):
+    """Git history is the evidence of order: every run judging a primary claim (or a claim on seeds 1000 and up)
+    started after the commit that first held the claim's registry row as it is now, and ran code containing it."""
+    if not _full_history():
+        pytest.skip("needs the project's git history (a full clone)")
+    _files(name)
+    assert _CLAIMED[name] or name not in ("kerkouche21_table3", "fedsketch", "fbftl", "correlated")
+    assert registered_first(REPO, _CLAIMED[name]) == []
+
+
+def test_a_run_started_before_its_claim_was_registered_is_found(tmp_path):
+    """A synthetic Table III with seeds 1000-1003 (runs starting 2023-11-14) in a git repository: with the registry
+    committed before them its runs pass; with the registry first committed after them, or a primary claim's margin
+    amended after them (an amendment registers the claim anew), each run of the claim is found."""
+    root = _root_with_table3(tmp_path)
+    prefix = root / "results" / "kerkouche21" / "runs" / "kerkouche21-table3"
+    _synthetic_table3(prefix, seeds=(1000, 1001, 1002, 1003))
+    registry = root / "results" / "kerkouche21" / "claims.csv"
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+
+    def commit(date: str) -> None:
+        env["GIT_COMMITTER_DATE"] = env["GIT_AUTHOR_DATE"] = date
+        subprocess.run(["git", "add", str(registry)], cwd=root, check=True, env=env)
+        subprocess.run(["git", "commit", "-qm", date], cwd=root, check=True, env=env)
+
+    def findings() -> list[str]:
+        common.BUILT.clear()
+        report_files("kerkouche21_table3", root)
+        return registered_first(root, [r for r in common.BUILT if r.name == "kerkouche21_table3"])
+
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    commit("2023-01-01T00:00:00Z")
+    assert findings() == []
+    # P2's margin amended after the runs: P2 is registered at the amendment, its 2 cells × 4 seeds started before it
+    registry.write_text(registry.read_text().replace(",magnitude,0.17,0.02,", ",magnitude,0.17,0.03,", 1))
+    commit("2024-01-01T00:00:00Z")
+    lines = findings()
+    assert len(lines) == 8 and all(x.startswith("kerkouche21_table3 P2: run ") for x in lines), lines
+
+    shutil.rmtree(root / ".git")                  # a history where the registry came after every run
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    commit("2024-01-01T00:00:00Z")
+    lines = findings()
+    assert {x.split(":")[0] for x in lines} == {"kerkouche21_table3 P1", "kerkouche21_table3 P2",
+                                                "kerkouche21_table3 P3"} and all("started before" in x for x in lines)
+    assert len(lines) == 8 + 8 + 12             # P3: FL-CS on, FL-RND and FL-FREQ off, without DP
