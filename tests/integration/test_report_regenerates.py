@@ -323,3 +323,19 @@ def test_a_run_started_before_its_claim_was_registered_is_found(tmp_path):
     assert {x.split(":")[0] for x in lines} == {"kerkouche21_table3 P1", "kerkouche21_table3 P2",
                                                 "kerkouche21_table3 P3"} and all("started before" in x for x in lines)
     assert len(lines) == 8 + 8 + 12             # P3: FL-CS on, FL-RND and FL-FREQ off, without DP
+
+
+def test_every_committed_run_ran_committed_code_of_this_history():
+    """Every run of every committed export was made from a clean working tree at a commit of the project's history
+    (the export refuses dirty runs unless told otherwise; this checks what was committed)."""
+    exports = sorted(REPO.glob("results/*/runs/*.runs.csv.gz"))
+    runs = pd.concat([pd.read_csv(p, dtype=str, usecols=["run_id", "tags.git_commit", "tags.git_dirty"]).assign(
+        export=p.name) for p in exports])
+    assert {str(p.relative_to(REPO)).removesuffix(".runs.csv.gz") for p in exports} == {
+        str(e.path) for _, es in REPORTS.values() for e in es}     # every report's exports, no other
+    assert (runs["tags.git_dirty"] == "false").all(), runs[runs["tags.git_dirty"] != "false"].head()
+    if not _full_history():
+        pytest.skip("the commits' ancestry needs the project's git history (a full clone)")
+    foreign = [c for c in sorted(set(runs["tags.git_commit"]))
+               if _git(REPO, "merge-base", "--is-ancestor", c, "HEAD").returncode != 0]
+    assert not foreign, f"runs made from commits outside this history: {foreign}"
