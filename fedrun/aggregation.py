@@ -1,13 +1,8 @@
 """Server-side aggregation of the transmitted vectors, streamed chunk by chunk.
 
 * :class:`WeightedSum` — Σ_k w_k · x_k with the scheme's weights (FedAvg: |D_k| / Σ_j |D_j|).
-* :class:`ClientLevelDPSum` — client-level DP (DP-FedAvg: McMahan, Ramage, Talwar, Zhang, "Learning
-  Differentially Private Recurrent Language Models", ICLR 2018, Alg. 1 with the fixed-denominator estimator
-  f̃_f): each row is clipped to L2 norm S, the clipped rows are summed, Gaussian noise N(0, σ²S² I) is added
-  once, and the result is divided by the *expected* number of clients q·N, never by the realized count, so
-  the sensitivity of the estimate stays S/(qN) under add/remove-one-client. It runs in whatever domain the
-  scheme transmits (full update, m DCT coefficients as in paper 000 Sec. III-B2, a flattened sketch). This is
-  fedrun's only implementation of the client-level DP sum; the simulation's DP path builds it.
+* :class:`FieldSum` — the plain sum of rows, which the client-level DP sum
+  (:class:`fedrun.privacy.privatizer.ClientLevelDPSum`) builds on.
 
 Both take an optional ``field`` (:class:`fedrun.secagg.FieldQuantizer`, secure aggregation): each row that would
 be added (weighted; clipped under DP) is quantised to Z_{2^bits} and summed there, and the sum is decoded before
@@ -18,13 +13,8 @@ Both are pure tensor math; they know nothing about schemes or tracking.
 
 from __future__ import annotations
 
-import math
-from typing import Sequence
-
 import numpy as np
 import torch
-
-from fedrun.privacy.mechanisms import clip_rows, gaussian_noise
 
 
 class FieldSum:
@@ -88,57 +78,3 @@ class WeightedSum(FieldSum):
         if self.seen != len(self.weights):
             raise ValueError(f"expected {len(self.weights)} rows, got {self.seen}")
         return self.sum()
-
-
-class ClientLevelDPSum(FieldSum):
-    """Clip each row to ``clipping_norm``, sum, add N(0, σ²S²), divide by ``expected_clients``. In a ``field`` each row
-    is clipped to S − √dim·0.5/scale instead, so that after rounding to the field's grid its norm is still ≤ S."""
-
-    def __init__(self, dim: int, clipping_norm: float, noise_multiplier: float, expected_clients: float,
-                 generator: torch.Generator | Sequence[tuple[float, torch.Generator]], device: torch.device | str,
-                 dtype: torch.dtype = torch.float32, field=None) -> None:
-        if not clipping_norm > 0:
-            raise ValueError(f"clipping_norm={clipping_norm} must be > 0")
-        if noise_multiplier < 0:
-            raise ValueError(f"noise_multiplier={noise_multiplier} must be >= 0")
-        if not expected_clients > 0:
-            raise ValueError(f"expected_clients={expected_clients} must be > 0")
-        self.clipping_norm = float(clipping_norm)
-        self.noise_multiplier = float(noise_multiplier)
-        self.expected_clients = float(expected_clients)
-        # the noise: Σ wᵢ·Zᵢ over (weight, generator) pairs, Zᵢ i.i.d. N(0, σ²S²) (one generator: weight 1)
-        self.noise_rows = [(1.0, generator)] if isinstance(generator, torch.Generator) else list(generator)
-        super().__init__(dim, device, field, dtype)
-        # in a field each coordinate is rounded to the grid (≤ 0.5/scale): clip so the rounded row's norm is ≤ S too
-        self.row_clip = self.clipping_norm - (0.5 * math.sqrt(dim) / field.scale if field is not None else 0.0)
-        if not self.row_clip > 0:
-            raise ValueError(f"secagg's field rounds each of {dim} coordinates by up to {0.5 / field.scale:.3g}, "
-                             f"more than clipping_norm={clipping_norm} in norm: give secagg.bits more bits")
-        self.dtype = dtype
-        self.clipped = 0
-        self.seen = 0
-        self.norm_sum = 0.0
-
-    def add(self, rows: torch.Tensor) -> None:
-        clipped, norms = clip_rows(rows, self.row_clip)
-        self.add_rows(clipped)
-        self.seen += rows.shape[0]
-        self.clipped += int((norms > self.row_clip).sum())
-        self.norm_sum += float(norms.sum())
-
-    def finish(self) -> torch.Tensor:
-        std = self.noise_multiplier * self.clipping_norm
-        out = self.sum()
-        for weight, generator in self.noise_rows:
-            out = out + weight * gaussian_noise(self.total.shape, std, generator, device=self.total.device,
-                                                dtype=self.dtype)
-        return out / self.expected_clients
-
-    def diagnostics(self) -> dict[str, float]:
-        return {
-            "dp_clipped_fraction": self.clipped / self.seen if self.seen else 0.0,
-            "dp_mean_norm": self.norm_sum / self.seen if self.seen else 0.0,
-            "dp_clients": float(self.seen),
-            "dp_noise_std": self.noise_multiplier * self.clipping_norm / self.expected_clients
-            * math.sqrt(sum(w * w for w, _ in self.noise_rows)),
-        }

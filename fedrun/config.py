@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 
@@ -199,8 +200,25 @@ def _sampler_class(cfg: Mapping[str, Any]) -> type | None:
         return None
 
 
+def samplers_with_law() -> list[str]:
+    """The sampler options (conf/sampler/*.yaml) whose class declares a participation law."""
+    import importlib
+
+    import yaml
+
+    names = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "conf" / "sampler").glob("*.yaml")):
+        module, _, cls = str((yaml.safe_load(path.read_text()) or {}).get("_target_", "")).rpartition(".")
+        try:
+            if getattr(getattr(importlib.import_module(module), cls), "law", None) is not None:
+                names.append(path.stem)
+        except (ImportError, AttributeError, ValueError):
+            continue
+    return names
+
+
 def check_dp_sampler(cfg: Mapping[str, Any]) -> None:
-    """Client-level DP needs an accountant for how the cohort is drawn (the sampler class's ``dp_sampling``), and
+    """Client-level DP needs an accountant for how the cohort is drawn (the sampler class's participation ``law``), and
     the configured accountant must be one that can do it (``SAMPLING_ACCOUNTANTS``); the audit's canaries take
     part like Poisson-sampled clients. Refused in one line, before any data is loaded."""
     cls = _sampler_class(cfg)
@@ -208,10 +226,11 @@ def check_dp_sampler(cfg: Mapping[str, Any]) -> None:
         return
     from fedrun.privacy.accounting import SAMPLING_ACCOUNTANTS, UNSUPPORTED_PAIRS
 
-    name, sampling = getattr(cls, "name", cls.__name__), getattr(cls, "dp_sampling", None)
+    name, law = getattr(cls, "name", cls.__name__), getattr(cls, "law", None)
+    sampling = getattr(law, "kind", None)
     if sampling not in SAMPLING_ACCOUNTANTS:
-        raise ConfigError(f"dp=true needs sampler=poisson, uniform, poisson_capped or cyclic (the cohorts an accountant "
-                          f"knows); got sampler={name}")
+        raise ConfigError(f"dp=true needs a sampler that declares a participation law (the cohorts an accountant "
+                          f"knows): sampler={'|'.join(samplers_with_law())}; got sampler={name}")
     accountant, allowed = cfg.get("accountant"), SAMPLING_ACCOUNTANTS[sampling]
     if accountant not in allowed:
         raise ConfigError(f"accountant={accountant} is not available with sampler={name} ({sampling} cohorts): "
@@ -248,7 +267,7 @@ def check_noise(cfg: Mapping[str, Any], mode: str) -> None:
         raise ConfigError(f"noise={name} is client-level DP noise; dp={cfg.get('dp')} has none; allowed: dp=true, or "
                           f"noise=independent")
     cls = _sampler_class(cfg)
-    if cls is not None and getattr(cls, "dp_sampling", None) != "schema":
+    if cls is not None and getattr(getattr(cls, "law", None), "kind", None) != "schema":
         raise ConfigError(f"noise={name} needs sampler=cyclic (a participation schema: correlated noise assumes no "
                           f"amplification by sampling); got sampler={getattr(cls, 'name', cls.__name__)}")
 

@@ -30,6 +30,8 @@ RENAMED = {
     "clients": "sampling/clients",
     "epsilon_rdp": "dp/epsilon_rdp", "epsilon_pld": "dp/epsilon_pld",
     "sketch_epsilon": "sketch/epsilon",
+    "client_gate_c_mean_norm": "client/sketch/gate_c_mean_norm", "client_gate_c_rms_norm": "client/sketch/gate_c_rms_norm",
+    # as runs logged them before client-side metrics were prefixed (the committed exports)
     "gate_c_mean_norm": "sketch/gate_c_mean_norm", "gate_c_rms_norm": "sketch/gate_c_rms_norm",
     "tune_best_val_accuracy": "server/tune_best_val_accuracy",
     "upload_batches_total": "comm/upload_batches_total", "params_per_batch": "comm/params_per_batch",
@@ -41,7 +43,7 @@ RENAMED = {
 #: fedrun name prefix → MLflow group (client-level DP, local DP, the FL-CS decoder, …).
 PREFIX_RULES = (("audit_", "audit/"), ("partition_", "partition/"), ("ldp_", "local_dp/"), ("dp_", "dp/"), ("cs_", "decoder/"),
                 ("server_", "server/"), ("source_", "transfer/source_"), ("label_", "leakage/label_"),
-                ("paper_", "comm/paper_"), ("clock_", "clock/"), ("secagg_", "secagg/"))
+                ("paper_", "comm/paper_"), ("clock_", "clock/"), ("secagg_", "secagg/"), ("client_", "client/"))
 OTHER = "other/"  # a metric nobody placed yet (tests/unit/test_tracking.py fails on it)
 _UNRENAMED = {v: k for k, v in RENAMED.items()}
 
@@ -98,8 +100,8 @@ NOT_COVERED_BY_EPSILON: dict[str, tuple[str, ...]] = {
         "secagg_min_survivors", "secagg_failed", "secagg_failed_rounds", "upload_batches_total",
         "downlink_broadcast_bytes_total", "uploading_clients", "ldp_clients_noised", "ldp_participations_max",
         "ldp_participations_min"),
-    # norms and clipping of the un-noised updates, the field sum vs the real sum of the clients' rows,
-    # FedSKETCHGATE's per-client corrections c_j (from each client's own sketch)
+    # norms and clipping of the un-noised updates, the field sum vs the real sum of the clients' rows (client-side codec
+    # metrics, `client_…`, are never covered: see covered_by_epsilon)
     "the clients' raw (un-noised) updates": (
         "dp_mean_norm", "dp_clipped_fraction", "secagg_quantization_error", "secagg_quantization_bound",
         "secagg_clipped_values", "gate_c_mean_norm", "gate_c_rms_norm"),
@@ -133,6 +135,8 @@ _NOT_COVERED = {n: why for why, names in NOT_COVERED_BY_EPSILON.items() for n in
 def covered_by_epsilon(name: str) -> bool | None:
     """Is fedrun's metric ``name`` covered by ε (True), not (False), or not classified yet (None: treated as not
     covered under DP; tests/unit/test_metric_privacy.py fails on it)."""
+    if name.startswith("client_"):  # a client-side codec's own metric: computed from what a client holds
+        return False
     return True if name in _COVERED else False if name in _NOT_COVERED else None
 
 

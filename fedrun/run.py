@@ -30,14 +30,11 @@ from fedrun.models.nets import IMAGE_MODELS, build_model
 from fedrun.rng import numpy_rng
 from fedrun.sampling import over_select
 from fedrun.schemes.transfer import FbFTL
-from fedrun.simulation import AuditSettings, ClientDP, Simulation
+from fedrun.privacy.client_dp import epsilon_report, make_client_dp
+from fedrun.simulation import AuditSettings, RunDiverged, Simulation
 from fedrun.training import ClientData, LocalSpec
 
 log = logging.getLogger("fedrun")
-
-
-class RunDiverged(FloatingPointError):
-    """The global model or the training loss became NaN/inf; metrics up to the previous round are kept."""
 
 
 # ------------------------------------------------------------------------------------------ building
@@ -111,103 +108,6 @@ def make_model(name: str, dataset) -> tuple[torch.nn.Module, str]:
     return build_model(name, num_classes=int(dataset.num_classes)), name
 
 
-def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0, report_goal: int | None = None) -> ClientDP:
-    """Client-level DP for the sampler's cohorts: Poisson (add/remove-one, RDP or PLD), fixed-size k of N without
-    replacement (``sampler=uniform``: replace-one, RDP; the sum divided by k) or Poisson capped at a cohort size
-    (``sampler=poisson_capped``: add/remove-one, PLD). σ calibrated to ``epsilon`` or given; logs the ε report.
-    ``sampler`` is the one that draws the cohorts (over-selected, if it is): its q is what the accountant uses, while
-    the sum's denominator stays the target cohort (÷ ``over_selection``; :mod:`fedrun.deployment`). With a
-    ``report_goal`` (the round closes once that many have reported) an added client can push out a kept one, so
-    add/remove-one moves the sum by up to 2S: σ is calibrated and accounted for that sensitivity
-    (``ClientDP.add_remove_sensitivity``)."""
-    from fedrun.privacy.accounting import calibrate_noise_multiplier, check_sampling_accountant, compute_epsilon
-
-    sampling, n = sampler.dp_sampling, sampler.num_clients
-    if sampling is None:
-        raise ConfigError(f"dp=true needs sampler=poisson, uniform, poisson_capped or cyclic (the cohorts an accountant "
-                          f"knows); got sampler={sampler.name}")
-    if sampling == "schema":
-        return schema_client_dp(cfg, sampler, 2.0 if report_goal is not None else 1.0)
-    if sampling == "poisson":
-        q = sampler.poisson_probability
-        cohort: dict[str, Any] = {}
-        denominator = q * n
-    elif sampling == "fixed_size":
-        q = sampler.k / n
-        cohort = {"sampling": sampling, "num_clients": n, "cohort_size": sampler.k}
-        denominator = float(sampler.k)
-    else:
-        q = sampler.probability
-        cohort = {"sampling": sampling, "num_clients": n, "cohort_size": sampler.max_clients}
-        denominator = sampler.expected_clients  # E[min(Binomial(N, q), cap)]: the sum ÷ it is unbiased
-    denominator /= float(over_selection)
-    # a report goal lets an added client displace a kept one: 2S under add/remove (replace-one already charges 2S)
-    sens = 2.0 if report_goal is not None and sampling != "fixed_size" else 1.0
-    delta, acct, rounds = float(cfg.delta), cfg.accountant, cfg.rounds
-    try:
-        check_sampling_accountant(sampling, acct)
-        sigma = resolve_sigma(cfg, sens, lambda s: compute_epsilon(s, q, rounds, delta, acct, **cohort),
-                              lambda e: calibrate_noise_multiplier(e, q, rounds, delta, acct, **cohort), f"q={q}")
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    dp = ClientDP(clipping_norm=float(cfg.clipping_norm), noise_multiplier=float(sigma),
-                  sampling_probability=float(q), expected_clients=denominator, delta=delta,
-                  accountant=str(acct), sampling=sampling, num_clients=n,
-                  cohort_size=cohort.get("cohort_size"), add_remove_sensitivity=sens)
-    if float(sigma) > 0 and log.isEnabledFor(logging.INFO):  # the report costs an accountant call or two
-        log.info(epsilon_report(dp, rounds))
-    return dp
-
-
-def resolve_sigma(cfg: RunConfig, sens: float, epsilon_at, calibrate, how: str) -> float:
-    """σ for ``sens`` (the sensitivity in units of S): ``noise_multiplier`` as given (checked against ``epsilon`` when
-    both are), else sens × the σ ``calibrate`` finds for ``epsilon`` at unit sensitivity; ``epsilon_at(σ / sens)`` is
-    the ε the accountant would report, ``how`` the cohorts in the error line."""
-    eps, sigma = cfg.epsilon, cfg.noise_multiplier
-    if eps is not None and math.isinf(float(eps)):
-        raise ConfigError("dp=true with epsilon=inf adds no noise; use dp=false for the non-private run")
-    if sigma is None:
-        return sens * calibrate(float(eps))
-    if eps is not None:
-        reached = epsilon_at(float(sigma) / sens)
-        if reached > float(eps) * (1 + 1e-9):
-            raise ConfigError(f"noise_multiplier={sigma} and epsilon={eps} disagree: σ={sigma} gives ε={reached:.4g} "
-                              f"after {cfg.rounds} rounds ({how}, δ={float(cfg.delta)}); give only one")
-    return float(sigma)
-
-
-def schema_client_dp(cfg: RunConfig, sampler, unit: float = 1.0) -> ClientDP:
-    """Client-level DP under the participation schema (k, b) the sampler enforces (``sampler=cyclic``), with the noise
-    of ``noise=`` (:func:`fedrun.privacy.factorization.strategy`): the run's release C·G + Z is one Gaussian mechanism
-    with sensitivity s_T·S, s_T the largest ‖C·u‖ over the schema's participation patterns (× ``unit``, 2 where an
-    added client could push out a kept one); σ is calibrated for ε after the run's rounds, and round t is charged the
-    growth of the prefix sensitivity s_t (:meth:`ClientDP.event`). No amplification by sampling is assumed."""
-    from fedrun.privacy.accounting import calibrate_noise_multiplier, compute_epsilon
-    from fedrun.privacy.factorization import prefix_sensitivities, round_noise_matrix, strategy
-
-    noise, rounds, delta, acct = dict(cfg.noise), cfg.rounds, float(cfg.delta), cfg.accountant
-    k, b = sampler.schema(rounds)
-    try:
-        B, C, banded = strategy(noise["name"], rounds, k, b, bands=noise.get("bands"), buffers=noise.get("buffers"))
-        sens = unit * prefix_sensitivities(C, k, b, banded=banded)
-        sigma = resolve_sigma(cfg, float(sens[-1]), lambda s: compute_epsilon(s, 1.0, 1, delta, acct),
-                              lambda e: calibrate_noise_multiplier(e, 1.0, 1, delta, acct),
-                              f"noise={noise['name']}, k={k}, b={b}")
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    dp = ClientDP(clipping_norm=float(cfg.clipping_norm), noise_multiplier=float(sigma), sampling_probability=1.0,
-                  expected_clients=sampler.expected_clients, delta=delta, accountant=str(acct), sampling="schema",
-                  num_clients=sampler.num_clients, add_remove_sensitivity=unit, noise=noise["name"], schema=(k, b),
-                  sensitivities=tuple(float(x) for x in sens), noise_weights=round_noise_matrix(B))
-    if float(sigma) > 0 and log.isEnabledFor(logging.INFO):
-        log.info(epsilon_report(dp, rounds))
-    return dp
-
-
 def privacy_report(c: dict) -> str:
     """What ``fedrun --cfg job`` prints below the config: the ε this config would spend under its cohort sampling,
     with the other sampling's ε beside it (:func:`epsilon_report`), computed before any data is loaded."""
@@ -218,46 +118,6 @@ def privacy_report(c: dict) -> str:
         return "dp: ε is reported when the run starts (num_clients=null: the dataset's own clients, known once loaded)"
     _, sampler, factor, goal = make_sampler(cfg, cfg.num_clients)
     return epsilon_report(make_client_dp(cfg, sampler, factor, goal), cfg.rounds, compare=True)
-
-
-def epsilon_report(dp: ClientDP, rounds: int, compare: bool = False) -> str:
-    """One line: the ε the run will have spent after ``rounds`` rounds under its cohort sampling, and — for a
-    fixed-size or capped cohort — what Poisson sampling at the same σ and q would give (the price of the sampling).
-    Both from the accountants the run uses (``compute_epsilon``); one PLD composition at most per number."""
-    from fedrun.privacy.accounting import NEIGHBOURING_RELATIONS, compute_epsilon
-
-    sigma, q, n, delta, acct = dp.charged_noise_multiplier, dp.sampling_probability, dp.num_clients, dp.delta, \
-        dp.accountant
-    if dp.sampling == "schema":
-        (k, b), s = dp.schema, dp.sensitivities[-1]
-        eps = compute_epsilon(sigma, 1.0, 1, delta, acct)
-        return (f"dp: noise={dp.noise}, participation schema k = {k} (each client at most {k} of {rounds} rounds), "
-                f"b = {b} (at least {b} rounds apart), no amplification by sampling, {acct.upper()} (Gaussian "
-                f"mechanism on the run's release, zero-out neighbours, sensitivity {s:.4g} S): ε = {eps:.4g} after "
-                f"{rounds} rounds (σ = {dp.noise_multiplier:.4g}, δ = {delta:g})")
-    cohort = {} if dp.sampling == "poisson" else {"sampling": dp.sampling, "num_clients": n,
-                                                  "cohort_size": dp.cohort_size}
-    eps = compute_epsilon(sigma, q, rounds, delta, acct, **cohort)
-    how = {"poisson": f"Poisson q = {q:.4g} per round",
-           "fixed_size": f"fixed-size {dp.cohort_size} of {n} per round",
-           "capped_poisson": f"Poisson q = {q:.4g} capped at {dp.cohort_size} of {n} per round"}[dp.sampling]
-    goal = dp.add_remove_sensitivity != 1 and dp.sampling != "fixed_size"
-    relation = NEIGHBOURING_RELATIONS[dp.sampling] + (
-        ", sensitivity 2S" if dp.sampling == "fixed_size" or goal else "") + (
-        ": a report goal lets an added client push out a kept one" if goal else "")
-    line = (f"dp: {how}, {acct.upper()} ({relation}): ε = {eps:.4g} after {rounds} rounds "
-            f"(σ = {dp.noise_multiplier:.4g}, δ = {delta:g})")
-    if dp.sampling == "poisson":
-        if not compare:
-            return line
-        k = max(1, round(q * n))  # the same expected cohort, drawn as k of N without replacement
-        fixed = compute_epsilon(dp.noise_multiplier, k / n, rounds, delta, "rdp", sampling="fixed_size", num_clients=n,
-                                cohort_size=k)
-        return (f"{line}; a fixed-size cohort of {k} of {n} (sampler=uniform) would give ε = {fixed:.4g} "
-                f"(RDP, replace-one, sensitivity 2S)")
-    poisson = " / ".join(f"{compute_epsilon(sigma, q, rounds, delta, a):.4g} ({a.upper()})"
-                         for a in (("rdp", "pld") if dp.sampling == "fixed_size" else ("pld",)))
-    return f"{line}; Poisson at q = {q:.4g} would give ε = {poisson} (add/remove-one)"
 
 
 def make_sampler(cfg: RunConfig, num_clients: int):
@@ -395,7 +255,7 @@ def build(c: dict | RunConfig) -> Built:
     trainable, facts = None, None
     try:  # the modules below raise ValueError for a setting they refuse: here, at the edge, a config error
         if mode in ("local_laplace", "local_gaussian"):
-            from fedrun.dp import make_local_dp
+            from fedrun.privacy.local_dp import make_local_dp
 
             local_dp = make_local_dp(cfg, sampler, parts, spec, x_train=x_train)
         if scheme.needs_image_source:
@@ -553,7 +413,7 @@ def epsilons(sim: Simulation, last: bool = False) -> dict[str, float]:
     return out
 
 
-def pld_accounts(dp: ClientDP) -> bool:
+def pld_accounts(dp) -> bool:
     """Whether the PLD accountant has an event for the cohorts' sampling (not for a fixed-size cohort: there the
     accountant's "PLD" ε would be its RDP stand-in, so no ``epsilon_pld`` is reported)."""
     from fedrun.privacy.accounting import SAMPLING_ACCOUNTANTS

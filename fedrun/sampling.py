@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedrun.privacy.cohort import CappedPoisson, FixedSize, Law, Poisson, Schema
 from fedrun.rng import numpy_rng
 
 
@@ -26,16 +27,18 @@ class Sampler:
     #: the config name (conf/sampler/<name>.yaml)
     name: str = "base"
 
-    #: probability that a given client takes part in a round, when the selection is Poisson (else None)
-    poisson_probability: float | None = None
+    #: the class of its participation law (:mod:`fedrun.privacy.cohort`), read by the config edge before the sampler
+    #: exists; None: no law, so no client-level DP
+    law: type | None = None
 
-    #: how client-level DP accounts this sampler's rounds (``fedrun.privacy.accounting.SAMPLING_ACCOUNTANTS``):
-    #: "poisson", "fixed_size", "capped_poisson"; None where no accountant applies (client-level DP refused)
-    dp_sampling: str | None = None
+    def participation(self, rounds: int) -> Law | None:
+        """The participation law of its rounds, one typed value the accountant, the canaries and the harness read,
+        and the ledger checks every realised round against (None: it promises none)."""
+        return None
 
-    def schema(self, rounds: int) -> tuple[int, int] | None:
-        """(k, b): every client takes part in at most k of ``rounds`` rounds, any two at least b rounds apart,
-        whatever the seed (a participation schema the sampler enforces); None where it promises none."""
+    def participations(self, rounds: int, seed: int) -> np.ndarray | None:
+        """Each client's number of rounds among 1..``rounds`` when fixed in advance (local DP calibrates to it), else
+        None."""
         return None
 
     def __init__(self, num_clients: int) -> None:
@@ -63,14 +66,16 @@ class Sampler:
 
 class PoissonSampler(Sampler):
     name = "poisson"
-    dp_sampling = "poisson"
+    law = Poisson
 
     def __init__(self, num_clients: int, probability: float) -> None:
         super().__init__(num_clients)
         if not 0 < float(probability) <= 1:
             raise ValueError(f"sampling probability C={probability} is outside (0, 1]")
         self.probability = float(probability)
-        self.poisson_probability = self.probability
+
+    def participation(self, rounds: int) -> Poisson:
+        return Poisson(self.probability, self.num_clients)
 
     def select(self, rnd: int, seed: int) -> np.ndarray:
         draws = numpy_rng(seed, "sampler", rnd).random(self.num_clients)
@@ -87,7 +92,7 @@ class CappedPoissonSampler(Sampler):
     ones with the smallest i.i.d. priorities, each read at the client's id."""
 
     name = "poisson_capped"
-    dp_sampling = "capped_poisson"
+    law = CappedPoisson
 
     def __init__(self, num_clients: int, probability: float, max_clients: int) -> None:
         super().__init__(num_clients)
@@ -97,6 +102,9 @@ class CappedPoissonSampler(Sampler):
             raise ValueError(f"max_clients={max_clients} must be an integer >= 1")
         self.probability = float(probability)
         self.max_clients = int(max_clients)
+
+    def participation(self, rounds: int) -> CappedPoisson:
+        return CappedPoisson(self.probability, self.max_clients, self.num_clients)
 
     def select(self, rnd: int, seed: int) -> np.ndarray:
         draws = numpy_rng(seed, "sampler", rnd).random(self.num_clients)
@@ -114,23 +122,23 @@ class CappedPoissonSampler(Sampler):
 
     @property
     def expected_clients(self) -> float:
-        """E[min(Binomial(N, C), cap)] = Σ_{j<cap} P(Binomial(N, C) > j): each client takes part with probability
-        this / N, so a sum divided by it is unbiased."""
-        from scipy.stats import binom
-
-        cap = min(self.max_clients, self.num_clients)
-        return float(binom.sf(np.arange(cap), self.num_clients, self.probability).sum())
+        """E[min(Binomial(N, C), cap)]: each client takes part with probability this / N, so a sum divided by it is
+        unbiased."""
+        return self.participation(0).expected_clients
 
 
 class UniformSampler(Sampler):
     name = "uniform"
-    dp_sampling = "fixed_size"
+    law = FixedSize
 
     def __init__(self, num_clients: int, clients_per_round: int) -> None:
         super().__init__(num_clients)
         if not 1 <= int(clients_per_round) <= self.num_clients:
             raise ValueError(f"clients_per_round={clients_per_round} must be in [1, num_clients={self.num_clients}]")
         self.k = int(clients_per_round)
+
+    def participation(self, rounds: int) -> FixedSize:
+        return FixedSize(self.k, self.num_clients)
 
     def select(self, rnd: int, seed: int) -> np.ndarray:
         return np.sort(numpy_rng(seed, "sampler", rnd).choice(self.num_clients, self.k, replace=False))
@@ -184,13 +192,13 @@ class RoundRobinSampler(Sampler):
 class CyclicSampler(Sampler):
     """The clients, in a seeded order, split into G = ⌊N / clients_per_round⌋ fixed groups of clients_per_round or
     one more (``np.array_split``); round t (1-based) takes group (t − 1) mod G. So each client takes part in at most
-    k = ⌈T / G⌉ of T rounds, exactly G rounds apart (b-min-separation with b = G): :meth:`schema`. Client-level DP
-    accounts it by the participation schema alone (``dp_sampling = "schema"``: the release is one Gaussian mechanism
+    k = ⌈T / G⌉ of T rounds, exactly G rounds apart (b-min-separation with b = G): :meth:`participation`. Client-level DP
+    accounts it by the participation schema alone (law :class:`Schema`: the release is one Gaussian mechanism
     with the strategy matrix's sensitivity under (k, b)), neighbours by zero-out (one client's contributions replaced
     by nothing; its slot in its group kept)."""
 
     name = "cyclic"
-    dp_sampling = "schema"
+    law = Schema
 
     def __init__(self, num_clients: int, clients_per_round: int) -> None:
         super().__init__(num_clients)
@@ -215,8 +223,8 @@ class CyclicSampler(Sampler):
     def select(self, rnd: int, seed: int) -> np.ndarray:
         return np.flatnonzero(self.group_of(seed) == (int(rnd) - 1) % self.groups)
 
-    def schema(self, rounds: int) -> tuple[int, int]:
-        return -(-int(rounds) // self.groups), self.groups
+    def participation(self, rounds: int) -> Schema:
+        return Schema(-(-int(rounds) // self.groups), self.groups)
 
     @property
     def max_cohort(self) -> int:
@@ -229,6 +237,9 @@ class CyclicSampler(Sampler):
 
 class AllSampler(Sampler):
     name = "all"
+
+    def participations(self, rounds: int, seed: int) -> np.ndarray:
+        return np.full(self.num_clients, int(rounds), dtype=np.int64)
 
     def select(self, rnd: int, seed: int) -> np.ndarray:
         return np.arange(self.num_clients)

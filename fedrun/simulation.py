@@ -15,206 +15,28 @@ The module holds no Hydra or MLflow objects: :mod:`fedrun.run` builds the simula
 
 from __future__ import annotations
 
-import copy
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedrun.aggregation import ClientLevelDPSum, WeightedSum
+from fedrun.aggregation import WeightedSum
 from fedrun.comm import Ledger, Message
 from fedrun.models.flat import FlatParams
-from fedrun.privacy.mechanisms import (Event, FixedSizeGaussianEvent, GaussianEvent, PoissonGaussianEvent,
-                                       TruncatedPoissonGaussianEvent)
+from fedrun.privacy.client_dp import ClientDP
+from fedrun.privacy.privatizer import AuditSettings, Privatizer, SchemeContractError  # noqa: F401 (re-exported)
 from fedrun.rng import derive_seed, torch_generator
 from fedrun.sampling import Sampler
-from fedrun.schemes.base import ClientView, Env, Received, Scheme
+from fedrun.schemes.base import ClientView, Env, Received, Scheme, fresh_codec
 from fedrun.training import ClientData, LocalSpec, Trainer, eval_copy, evaluate
 
 
-class SchemeContractError(ValueError):
-    """A codec handed the round something the privatizer does not accept (reported in one line)."""
-
-
-@dataclass(frozen=True)
-class ClientDP:
-    """Client-level DP settings (paper 000; DP-FedAvg): clip S, noise multiplier σ (noise std σS), sampling rate q,
-    the fixed denominator of the DP sum (``expected_clients``), and the accountant (``rdp`` | ``pld``) whose ε the
-    run reports as ``epsilon``.
-
-    ``sampling`` says how the cohort is drawn, and so which event each round records (:meth:`event`):
-    ``poisson`` (q, denominator qN), ``fixed_size`` (``cohort_size`` k of ``num_clients`` N without replacement,
-    q = k/N, denominator k; replace-one neighbours, sensitivity 2S) or ``capped_poisson`` (Poisson with q, at most
-    ``cohort_size``; denominator E[min(Binomial(N, q), cap)]).
-
-    ``add_remove_sensitivity`` (units of S): how far adding or removing one client can move the clipped sum. 1,
-    or 2 where a round closes at a report goal (over-selection): an added fast client is kept and pushes out the
-    report next in line, so the sum moves by g(x) − g(y). The event then charges σ / 2 (:attr:`charged_noise_multiplier`).
-    Under replace-one (``fixed_size``) the report goal changes the kept set by at most one swap, within the 2S the
-    event already charges."""
-
-    clipping_norm: float
-    noise_multiplier: float
-    sampling_probability: float
-    expected_clients: float
-    delta: float
-    accountant: str = "rdp"
-    sampling: str = "poisson"
-    num_clients: int | None = None
-    cohort_size: int | None = None
-    add_remove_sensitivity: float = 1.0
-    noise: str = "independent"
-    schema: tuple[int, int] | None = None
-    sensitivities: tuple[float, ...] | None = None
-    noise_weights: np.ndarray | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def charged_noise_multiplier(self) -> float:
-        """The noise multiplier the accountant is charged: σ over the sensitivity in units of S (fixed-size cohorts:
-        σ, their event charges 2S itself; a participation schema: the whole run's sensitivity s_T)."""
-        if self.sampling == "schema":
-            return self.noise_multiplier / self.sensitivities[-1]
-        return self.noise_multiplier / (1.0 if self.sampling == "fixed_size" else self.add_remove_sensitivity)
-
-    def round_noise(self, rnd: int) -> list[tuple[int, float]]:
-        """Round ``rnd``'s noise as (Z row, weight) pairs: Σ weight · Z_row with Z's rows i.i.d. N(0, σ²S²) (row r
-        drawn from the generator of round r + 1, so independent noise is the same draw under every sampler). Under a
-        participation schema, row ``rnd`` of M = A⁻¹B (:func:`fedrun.privacy.factorization.round_noise_matrix`)."""
-        if self.noise_weights is None:
-            return [(rnd - 1, 1.0)]
-        if rnd > self.noise_weights.shape[0]:
-            raise ValueError(f"round {rnd} is past the {self.noise_weights.shape[0]} rounds the noise was planned for")
-        row = self.noise_weights[rnd - 1]
-        return [(int(r), float(row[r])) for r in np.flatnonzero(row)]
-
-    def event(self, rnd: int = 1) -> Event | None:
-        """The accountant event of round ``rnd``'s noised client-level sum under this sampling (None: under a
-        schema, a round that cannot raise the release's sensitivity)."""
-        if self.sampling == "schema":
-            s = self.sensitivities
-            grown = s[rnd - 1] ** 2 - (s[rnd - 2] ** 2 if rnd > 1 else 0.0)
-            return GaussianEvent(self.noise_multiplier / math.sqrt(grown)) if grown > 0 else None
-        sigma = self.charged_noise_multiplier
-        if self.sampling == "fixed_size":
-            return FixedSizeGaussianEvent(sigma, self.num_clients, self.cohort_size)
-        if self.sampling == "capped_poisson":
-            return TruncatedPoissonGaussianEvent(sigma, self.sampling_probability, self.num_clients, self.cohort_size)
-        if self.sampling != "poisson":
-            raise ValueError(f"sampling={self.sampling!r} is not one of poisson, fixed_size, capped_poisson, schema")
-        return PoissonGaussianEvent(sigma, self.sampling_probability)
-
-
-@dataclass(frozen=True)
-class AuditSettings:
-    """An empirical privacy audit (client-level DP only): ``canaries`` canary clients, the lower bound's
-    ``confidence``."""
-
-    canaries: int
-    confidence: float = 0.95
-
-
-class Privatizer:
-    """The one DP stage every upload passes through; it owns the accountant.
-
-    * client-level (``client_dp``): :meth:`open` makes the DP sum (each row clipped to S in the scheme's payload
-      domain; the audit's canary clients join it), :meth:`close` adds N(0, σ²S²), divides by the fixed
-      denominator (qN; k for a fixed-size cohort) and records one accountant event of the cohort's sampling;
-    * local (``local_dp``): :meth:`upload` noises each client's update before encode (one release each, counted by its
-      accountant), summed with the scheme's weights;
-    * off: the weighted sum.
-    """
-
-    def __init__(self, client_dp: ClientDP | None, local_dp, audit: AuditSettings | None, seed: int,
-                 device: torch.device) -> None:
-        if client_dp is not None and local_dp is not None:
-            raise ValueError("client-level and local DP are exclusive: give client_dp or local_dp, not both")
-        if audit is not None and client_dp is None:
-            raise ValueError("an audit needs client-level DP (its canaries are clients of the DP sum)")
-        self.client_dp, self.local_dp, self.audit = client_dp, local_dp, audit
-        self.seed, self.device = seed, device
-        self.mode = "client" if client_dp is not None else "local" if local_dp is not None else "off"
-        self.accountant = None
-        if client_dp is not None:
-            from fedrun.privacy.accounting import PrivacyAccountant  # dp_accounting costs ~2 s of import
-
-            self.accountant = PrivacyAccountant(client_dp.delta)
-        self.canaries = None  # made at the first DP aggregation, when the payload's length is known
-        self.diagnostics: dict[str, float] = {}
-
-    def generator(self, rnd: int, *purpose: object) -> torch.Generator:
-        return torch_generator(self.seed, rnd, *purpose, device=self.device)
-
-    @property
-    def noise_multiplier(self) -> float:
-        return self.client_dp.noise_multiplier
-
-    def noise_std(self) -> float | None:
-        """Std of the client-level noise in each coordinate of the aggregate, σS over the fixed denominator (qN, k,
-        …; correlated noise: its root mean square over the rounds); None without it."""
-        dp = self.client_dp
-        if dp is None:
-            return None
-        gain = 1.0 if dp.noise_weights is None else math.sqrt(float((dp.noise_weights ** 2).sum(1).mean()))
-        return gain * dp.noise_multiplier * dp.clipping_norm / dp.expected_clients
-
-    def open(self, rnd: int, clients: np.ndarray, weights: np.ndarray, dim: int, field=None):
-        """The round's sum (``field``: summed in secure aggregation's Z_{2^bits}, :mod:`fedrun.secagg`)."""
-        if self.client_dp is None:
-            if self.local_dp is not None:
-                self.local_dp.start_round(clients, weights)
-            return WeightedSum(weights, dim, self.device, field)
-        dp = self.client_dp
-        agg = ClientLevelDPSum(dim, dp.clipping_norm, self.noise_multiplier, dp.expected_clients,
-                               [(w, self.generator(r + 1, "client_dp_noise")) for r, w in dp.round_noise(rnd)],
-                               self.device, field=field)
-        if self.audit is not None:  # the audit's canary clients upload through the same DP sum
-            agg.add(self.make_canaries(dim).rows(self.generator(rnd, "audit_participation"), rnd))
-        return agg
-
-    def upload(self, rnd: int, clients: np.ndarray, payload: torch.Tensor) -> torch.Tensor:
-        """Local DP (paper 001): each client noises its update [k, n] (before the codec sees it); identity
-        otherwise."""
-        if self.local_dp is None:
-            return payload
-        out = self.local_dp.privatize(rnd, clients, payload, lambda l: self.generator(rnd, "local_dp", l))
-        self.diagnostics = self.local_dp.diagnostics
-        return out
-
-    def close(self, rnd: int, agg) -> torch.Tensor:
-        out = agg.finish()
-        if self.client_dp is not None:
-            if (event := self.client_dp.event(rnd)) is not None:
-                self.accountant.record(event)
-            self.diagnostics = agg.diagnostics()
-            if self.canaries is not None:
-                self.canaries.observe(out)
-        return out
-
-    def skip(self, rnd: int) -> None:
-        """A round that released nothing (SecAgg aborted it). Under a participation schema its event is recorded all
-        the same: the rounds' events charge the growth of the prefix sensitivity, which adds up to the run's s_T only
-        if every round is charged (a later release can still carry this round's clients' later participations)."""
-        if self.client_dp is not None and self.client_dp.sampling == "schema":
-            if (event := self.client_dp.event(rnd)) is not None:
-                self.accountant.record(event)
-
-    def make_canaries(self, dim: int):
-        """The audit's canaries for a ``dim``-long payload (drawn once, from the run's seed)."""
-        if self.canaries is None:
-            from fedrun.privacy.canaries import Canaries
-            from fedrun.rng import numpy_rng
-
-            dp = self.client_dp
-            self.canaries = Canaries(self.audit.canaries, dim, dp.clipping_norm, dp.sampling_probability,
-                                     self.generator(0, "audit_canaries"), numpy_rng(self.seed, "audit_included"),
-                                     period=dp.schema[1] if dp.schema is not None else None)
-        if dim != self.canaries.dim:
-            raise ValueError(f"the audit's canaries have length {self.canaries.dim}; this aggregation {dim}")
-        return self.canaries
+class RunDiverged(FloatingPointError):
+    """The global model, a client's update or the training loss became NaN/inf; metrics up to the previous round are
+    kept."""
 
 
 class ClientState:
@@ -262,6 +84,17 @@ class ClientState:
             out[torch.as_tensor(np.flatnonzero(held), device=self.device)] = \
                 rows[torch.as_tensor(slots[held], device=self.device)]
         return out
+
+    def view(self, ids: np.ndarray) -> ClientView:
+        """The clients ``ids``' own rows, copied, for a codec (never the store itself)."""
+        ids = self._ids(ids)
+        return ClientView({name: self.get(name, ids, rows.shape[1]) for name, rows in self._rows.items()}, len(ids),
+                          self.device)
+
+    def commit(self, ids: np.ndarray, view: ClientView) -> None:
+        """Write back what a codec ``set`` on its view: those clients' rows only."""
+        for name, values in view.written.items():
+            self.set(name, ids, values)
 
     def set(self, name: str, ids: np.ndarray, values: torch.Tensor) -> None:
         ids = self._ids(ids)
@@ -339,7 +172,8 @@ class Simulation:
                                workers=workers, batched=batched_layers)
         self.ledger = Ledger()
         self.client_state = ClientState(data.num_clients, self.device)
-        self.privatizer = Privatizer(client_dp, local_dp, audit, self.seed, self.device)
+        self.privatizer = Privatizer(client_dp, local_dp, audit, self.seed, self.device, type(scheme).__name__,
+                                     sampler.name, data.num_clients)
         self.client_dp, self.local_dp, self.audit = client_dp, local_dp, audit
         #: f¹ values each client needs once before it can train (paper 003's frozen extractor); 0 = none
         self.frozen_numel = int(frozen_numel)
@@ -349,13 +183,13 @@ class Simulation:
         self.deployment = deployment
         self._eval_model: nn.Module | None = None
         self.scheme = scheme
-        self.client_codec = copy.deepcopy(scheme)  # the clients' side: nothing it keeps reaches the server's
-        # each side its own Env, with the codec's seed (one way from the run's: the privatizer's noise stays unknown)
-        envs = [Env(n=self.n, device=self.device, seed=derive_seed(self.seed, "codec"), num_clients=data.num_clients,
-                    local_mode=spec.mode, local_steps=spec.steps, clients_per_round=sampler.expected_clients,
-                    dp=self.privatizer.mode, dp_noise_std=self.privatizer.noise_std()) for _ in range(2)]
-        scheme.setup(envs[0])
-        self.client_codec.setup(envs[1])
+        # each side its own Env, with the codec's seed (one way from the run's: the privatizer's noise stays unknown);
+        # the client side is a fresh codec per client (per chunk without client-level DP), built from the config
+        self.client_env, env = (Env(n=self.n, device=self.device, seed=derive_seed(self.seed, "codec"),
+                                    num_clients=data.num_clients, local_mode=spec.mode, local_steps=spec.steps,
+                                    clients_per_round=sampler.expected_clients, dp=self.privatizer.mode,
+                                    dp_noise_std=self.privatizer.noise_std()) for _ in range(2))
+        scheme.setup(env)
         if local_dp is not None and scheme.correction_state:
             raise ValueError(f"dp=local_{local_dp.mechanism} is not available with scheme={type(scheme).__name__}: "
                              f"its correction state changes the local steps the noise is calibrated to")
@@ -405,9 +239,11 @@ class Simulation:
     # -- the round --------------------------------------------------------------------------------
     def run_round(self, rnd: int, clients: np.ndarray | None = None) -> dict[str, float]:
         """One round of the scheme (module docstring) with the sampler's clients (or ``clients``); its metrics."""
-        server, client, ledger, dp = self.scheme, self.client_codec, self.ledger, self.privatizer
+        server, ledger, dp = self.scheme, self.ledger, self.privatizer
         ledger.start_round()
         clients = np.asarray(self.select(rnd) if clients is None else clients, dtype=np.int64)
+        dp.cohort(rnd, clients)  # client-level DP: held to the sampler's declared participation law
+        self.client_metrics: list[dict[str, float]] = []
         K = len(clients)
         down = np.zeros(K)  # each selected client's download this round (the clock's input)
         if self.frozen_numel:  # the frozen f¹, once per client, the first time it takes part
@@ -441,10 +277,14 @@ class Simulation:
         agg = dp.open(rnd, clients, weights, server.payload_dim, field)
         sent, updates, losses = [], [], []
         for ids, local, loss in self.train(clients, rnd, correction):
-            update = dp.upload(rnd, ids, local - self.params)  # local DP: noise on each update, before encode
+            update = local - self.params
+            if not bool(torch.isfinite(update).all()):
+                bad = int(ids[int((~torch.isfinite(update)).any(1).nonzero()[0])])
+                raise RunDiverged(f"the run diverged at round {rnd}: client {bad}'s local update is NaN/inf")
+            update = dp.upload(rnd, ids, update)  # local DP: noise on each update, before encode
             payload = self.encode(rnd, ids, update)
             ledger.uplink(message, len(ids))
-            agg.add(payload)
+            dp.add(agg, payload, len(ids))
             losses.append(loss)
             if feedback:
                 sent.append(payload)
@@ -480,37 +320,42 @@ class Simulation:
         server_seconds = time.perf_counter() - t0
         if feedback:
             payloads = torch.cat(sent) if sent else torch.zeros(0, server.payload_dim, device=self.device)
-            values, *received = (None if t is None else t.clone() for t in (values, aggregate, update, H, exact))
-            client.feedback(rnd, ClientView(self.client_state, clients), payloads, values, Received(*received))
+            received = Received(aggregate, update, H, exact)
+            # under client-level DP each client's own codec sees its own row only; else one codec for all
+            for i in (range(len(clients)) if dp.mode == "client" else [slice(None)]):
+                part = slice(i, i + 1) if isinstance(i, int) else i
+                self.client_side(clients[part], lambda codec, view: codec.feedback(
+                    rnd, view, payloads[part].clone(), None if values is None else values[part].clone(),
+                    Received(*(None if t is None else t.clone() for t in vars(received).values()))))
         clock = ({**dep.close(server.server_flops(self.n), exchange, host_seconds=server_seconds),  # modelled;
                   **agg.quantization()} if dep is not None else {})  # the measured time is a diagnostic only
-        return {**server.metrics, **client.metrics, **clock, "clients": float(len(clients)),
+        return {**server.metrics, **self.client_side_metrics(), **clock, "clients": float(len(clients)),
                 "train_loss": float(torch.cat(losses).mean()) if losses else math.nan}
 
-    def encode(self, rnd: int, ids: np.ndarray, updates: torch.Tensor) -> torch.Tensor:
-        """The client codec's payloads of ``ids``, checked: a plain dense float32 tensor [len(ids), payload_dim].
-        Under client-level DP each client is encoded alone, so a row can hold nothing of another client."""
-        codec = self.client_codec
-        if self.privatizer.mode == "client":
-            rows = [codec.encode(rnd, updates[i:i + 1], ClientView(self.client_state, ids[i:i + 1]))
-                    for i in range(len(ids))]
-            for row in rows:
-                self._check_payload(row, 1)
-            payload = torch.cat(rows) if rows else updates.new_zeros(0, self.scheme.payload_dim)
-        else:
-            payload = codec.encode(rnd, updates, ClientView(self.client_state, ids))
-        return self._check_payload(payload, len(ids))
+    def client_side(self, ids: np.ndarray, call):
+        """``call(codec, view)`` on a fresh client codec with the clients ``ids``' own state rows (copies), whose
+        writes go back to those clients' slots only; its metrics are kept for the round (:meth:`client_side_metrics`)."""
+        codec, view = fresh_codec(self.scheme, self.client_env), self.client_state.view(ids)
+        out = call(codec, view)
+        self.client_state.commit(ids, view)
+        self.client_metrics.append(dict(codec.metrics))
+        return out
 
-    def _check_payload(self, payload, rows: int) -> torch.Tensor:
-        shape = (rows, self.scheme.payload_dim)
-        if (type(payload) is not torch.Tensor or payload.layout != torch.strided or payload.dtype != torch.float32
-                or tuple(payload.shape) != shape or payload.device != self.device):
-            got = (f"{type(payload).__name__} {tuple(payload.shape)} {payload.dtype} {payload.layout} on "
-                   f"{payload.device}" if isinstance(payload, torch.Tensor) else type(payload).__name__)
-            raise SchemeContractError(f"scheme={type(self.scheme).__name__}: encode must return a plain dense "
-                                      f"float32 tensor of shape {shape} (one row per client) on {self.device}; "
-                                      f"got {got}")
-        return payload
+    def client_side_metrics(self) -> dict[str, float]:
+        """The round's client-side codec metrics, averaged over its codecs, each prefixed ``client_``: computed on the
+        clients' side, so never covered by ε (:mod:`fedrun.metric_names`)."""
+        keys = {k for m in self.client_metrics for k in m if k not in self.scheme.metrics}
+        return {f"client_{k}": float(np.mean([m[k] for m in self.client_metrics if k in m])) for k in sorted(keys)}
+
+    def encode(self, rnd: int, ids: np.ndarray, updates: torch.Tensor) -> torch.Tensor:
+        """The clients' payloads [len(ids), payload_dim]: each client encodes an owned copy of its update with its
+        own fresh codec under client-level DP (so a row can hold nothing of another client); one fresh codec per
+        chunk otherwise. The privatizer checks and copies what comes back (:meth:`Privatizer.accept`)."""
+        if self.privatizer.mode != "client":
+            return self.client_side(ids, lambda codec, view: codec.encode(rnd, updates.clone(), view))
+        rows = [self.privatizer.accept(self.client_side(ids[i:i + 1], lambda codec, view: codec.encode(
+            rnd, updates[i:i + 1].clone(), view)), 1, self.scheme.payload_dim) for i in range(len(ids))]
+        return torch.cat(rows) if rows else updates.new_zeros(0, self.scheme.payload_dim)
 
     def server_step(self, update: torch.Tensor) -> None:
         """w ← w + η_g·(ρ·v + update) (server momentum ρ, FedAvgM; ρ = 0: none)."""

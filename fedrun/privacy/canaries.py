@@ -28,15 +28,16 @@ class Canaries:
     """``num`` canary clients of norm ``norm`` in a ``dim``-long payload domain; see the module docstring."""
 
     def __init__(self, num: int, dim: int, norm: float, sampling_probability: float,
-                 generator: torch.Generator, included_rng: np.random.Generator, period: int | None = None) -> None:
+                 generator: torch.Generator, included_rng: np.random.Generator, schema=None) -> None:
         if not 0 < sampling_probability <= 1:
             raise ValueError(f"sampling_probability={sampling_probability!r} is outside (0, 1]")
         self.vectors = make_canaries(num, dim, norm, generator)
         self.included = included_rng.random(int(num)) < 0.5
-        # under a participation schema (sampler=cyclic, G groups): each canary joins one group, drawn once, and takes
-        # part in that group's rounds, as the schema allows any client
-        self.period = None if period is None else int(period)
-        self.phase = None if period is None else included_rng.integers(0, self.period, int(num))
+        # under a participation schema (k, b): each canary draws a phase in [0, b) once and takes part in the rounds
+        # ≡ phase + 1 (mod b), at most k of them, as the schema allows any client
+        self.schema = schema
+        self.period = None if schema is None else int(schema.b)
+        self.phase = None if schema is None else included_rng.integers(0, self.period, int(num))
         self._included_t = torch.as_tensor(self.included, device=self.vectors.device)
         self.q = float(sampling_probability)
         self.observed = torch.zeros(int(num), dtype=torch.float64, device=self.vectors.device)  # best score so far
@@ -55,7 +56,10 @@ class Canaries:
         else:
             draw = torch.rand(self.vectors.shape[0], generator=generator, device=self.vectors.device) < self.q
         take = draw & self._included_t
-        self.participations += take.cpu().numpy()
+        if self.schema is not None:
+            take &= torch.as_tensor(self.participations < self.schema.k, device=self.vectors.device)
+        self.taken = np.flatnonzero(take.cpu().numpy())  # their ids, for the participation ledger
+        self.participations[self.taken] += 1
         return self.vectors[take]
 
     def observe(self, aggregate: torch.Tensor) -> None:

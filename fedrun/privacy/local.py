@@ -34,7 +34,7 @@ Protected unit: one sample of a client's data, neighbouring datasets differ by *
          norm of I − η̃∇²F exceeds 1 as soon as features are correlated (on the Lending Club states it is
          1.2–2.4 at η = 0.2), and one replaced sample can move θ_E by more than 2ζη̃E/n_l in L1 while its
          L2 move stays within the bound (tests/unit/test_local_dp_sensitivity.py builds such a client).
-         So for Laplace the paper's value is never proven here; ``fedrun.dp`` refuses it unless asked for
+         So for Laplace the paper's value is never proven here; ``fedrun.privacy.local_dp`` refuses it unless asked for
          as ``paper_unchecked``. (A proven L1 route would be √p·2ζη̃E/n_l from the L2 bound, not implemented.)
        - any other model (the FEMNIST CNN): not convex, β unknown — the condition cannot be checked.
    * E = 1 or batch clipping: both values agree (no trajectory divergence / each trajectory moves ≤ ζη̃ per

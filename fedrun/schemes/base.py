@@ -5,13 +5,16 @@ the global parameters, the clients' local models, the accountant or the simulati
 methods (``setup``; ``encode``, ``decode`` and, for a second exchange, ``query`` and ``feedback``) and declares the
 facts the round needs as attributes (see :class:`Scheme`).
 
-The simulation runs the client side on its own copy of the scheme (made after ``setup``), so nothing ``encode``
-keeps on ``self`` reaches ``decode``: what the server learns of the clients is the output of the DP aggregator
-(and, without DP, the exact values a ``query`` asks for).
+The client side is a fresh instance built from the scheme's constructor arguments (:func:`fresh_codec`) for each
+client under client-level DP (for each chunk of clients otherwise): nothing ``encode`` keeps on ``self`` reaches
+another client or ``decode``, and a client's persistent state lives only in its own slot (:class:`ClientView`).
+What the server learns of the clients is the output of the privatizer (and, without DP, the exact values a
+``query`` asks for).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,16 +63,23 @@ class Env:
 
 
 class ClientView:
-    """The persistent per-client state of the clients of one chunk (rows of :class:`fedrun.simulation.ClientState`)."""
+    """The persistent state of the clients a codec is given (one client under client-level DP): owned copies of their
+    own rows (``rows``: name → [count, dim]), never the store. ``get`` returns a copy (zeros for a name never set);
+    ``set`` keeps a copy, which the round writes back to these clients' slots after the codec returns."""
 
-    def __init__(self, store, ids) -> None:
-        self._store, self.ids = store, ids
+    def __init__(self, rows: dict[str, torch.Tensor], count: int, device: torch.device) -> None:
+        self._rows, self.count, self.device = rows, int(count), device
+        self.written: dict[str, torch.Tensor] = {}
 
     def get(self, name: str, dim: int) -> torch.Tensor:
-        return self._store.get(name, self.ids, dim)
+        rows = self.written.get(name, self._rows.get(name))
+        return torch.zeros(self.count, int(dim), device=self.device) if rows is None else rows.clone()
 
     def set(self, name: str, values: torch.Tensor) -> None:
-        self._store.set(name, self.ids, values)
+        if type(values) is not torch.Tensor or values.dim() != 2 or values.shape[0] != self.count:
+            raise ValueError(f"client state {name!r}: set takes a [{self.count}, dim] tensor (one row per client of "
+                             f"this view); got {type(values).__name__} {tuple(getattr(values, 'shape', ()))}")
+        self.written[name] = values.detach().clone()
 
 
 @dataclass
@@ -116,6 +126,13 @@ class Scheme:
     needs_image_source: bool = False
     init_from_source: bool = False
     train_head_only: bool = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Scheme":
+        """Keeps the constructor's arguments: the round builds each client's codec afresh from them
+        (:func:`fresh_codec`), never by copying a set-up object."""
+        self = super().__new__(cls)
+        self._config = copy.deepcopy((args, kwargs))
+        return self
 
     def __init__(self, server_lr: float = 1.0, server_momentum: float = 0.0) -> None:
         self.server_lr = float(check("server_lr", server_lr, "a number > 0", lambda v: v > 0))
@@ -164,3 +181,12 @@ class Scheme:
             value, old = state[name], getattr(self, name, None)
             moved = isinstance(value, torch.Tensor) and isinstance(old, torch.Tensor)
             setattr(self, name, value.to(old.device) if moved else value)
+
+
+def fresh_codec(scheme: Scheme, env: Env) -> Scheme:
+    """A new instance of ``scheme``'s class built from its constructor's arguments and set up with ``env``: nothing a
+    codec keeps on ``self`` (or in closures it made) reaches another client or the server side."""
+    args, kwargs = copy.deepcopy(object.__getattribute__(scheme, "_config"))
+    codec = type(scheme)(*args, **kwargs)
+    codec.setup(env)
+    return codec

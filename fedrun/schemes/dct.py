@@ -28,6 +28,8 @@ FISTA estimate beat the exact BPDN solution (``fedrun/compress/cs.py``). Options
 
 from __future__ import annotations
 
+import functools
+
 import math
 import time
 import numpy as np
@@ -44,6 +46,12 @@ from fedrun.schemes.base import ClientView, Env, Scheme, check
 from fedrun.schemes.random import check_ratio
 from fedrun.transfer.server import intra_op_threads
 
+
+
+@functools.lru_cache(maxsize=4)
+def _compressor(n, r, chunks, seed, shuffle, pad_to_fast_len, device) -> DCTCompressor:
+    return DCTCompressor(n, r, chunks=chunks, seed=seed, shuffle=shuffle, pad_to_fast_len=pad_to_fast_len,
+                         device=device)
 
 class DCTScheme(Scheme):
     """Shared part of FL-FREQ and FL-CS: the DCT compressor, m, the 4·m-byte upload."""
@@ -63,9 +71,9 @@ class DCTScheme(Scheme):
         self.pad_to_fast_len = check("pad_to_fast_len", pad_to_fast_len, **opt_bool)
 
     def setup(self, env: Env) -> None:
-        try:
-            c = DCTCompressor(env.n, self.r, chunks=self.chunks, seed=env.shared_seed(0, "dct_shuffle"),
-                              shuffle=self.shuffle, pad_to_fast_len=self.pad_to_fast_len, device=env.device)
+        try:  # built once per run (each client's codec is set up afresh): a pure, shared transform
+            c = _compressor(env.n, self.r, self.chunks, env.shared_seed(0, "dct_shuffle"), self.shuffle,
+                            self.pad_to_fast_len, env.device)
         except ValueError as exc:
             raise ValueError(f"scheme.chunks={self.chunks} with r={self.r:g} and n={env.n}: {exc}") from None
         self.comp, self.n, self.m = c, env.n, c.m

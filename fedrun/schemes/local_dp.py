@@ -2,7 +2,7 @@
 
 Each engaged client (round robin, b per global iteration) runs E = ``local_steps`` full-batch gradient
 iterations (``local_mode=gd``) with each gradient clipped to ζ (``local_clip``), then — with
-``dp=local_laplace|local_gaussian`` — adds noise to what it uploads (:mod:`fedrun.dp`). The server
+``dp=local_laplace|local_gaussian`` — adds noise to what it uploads (:mod:`fedrun.privacy.local_dp`). The server
 aggregates with the paper's weights a_l = (N/b)·(n_l/n) (n = Σ over all N clients), an unbiased estimate of
 the full-participation average:
 

@@ -16,6 +16,8 @@ Every device keeps the model and updates it from S̄ (the paper "broadcasts it t
 
 from __future__ import annotations
 
+import functools
+
 import logging
 import math
 
@@ -35,6 +37,18 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
         raise ValueError(f"scheme.{name}={value!r} is unknown; allowed: {', '.join(allowed)}")
     return str(value)
 
+
+
+#: a run's count sketches and Theorem 1's figure, built once (each client's codec is set up afresh)
+_count_sketch = functools.lru_cache(maxsize=4)(CountSketch)
+
+
+@functools.lru_cache(maxsize=16)
+def _theorem1(t: int, k: int, n: int, c_over_sigma, alpha: float, exact_values: bool):
+    epsilon, tags = theorem1(t, k, n, c_over_sigma, alpha, exact_values=exact_values)
+    log.info("sketch_epsilon %s under %s", tags["sketch_epsilon_status"] if epsilon is None else epsilon,
+             tags["sketch_epsilon_assumption"])
+    return epsilon, tags
 
 class SketchScheme(Scheme):
     """The count-sketch schemes' shared parts: the sketch, sizes, Theorem 1; options: conf/scheme/fedsketch.yaml."""
@@ -76,16 +90,14 @@ class SketchScheme(Scheme):
         self.m = min(self.num_heavy if self.num_heavy is not None else k, n)  # heavy coordinates per round
         self.payload_dim, self.message = t * k, Message.of_shape(t * k, kind="sketch")
         self.compression_ratio = (t * k + (self.m if self.queries else 0)) / n  # floats up / n
-        epsilon, self.tags = theorem1(t, k, n, self.c_over_sigma, self.alpha, exact_values=self.queries)
-        self.metrics = {} if epsilon is None else {"sketch_epsilon": epsilon}
-        log.info("sketch_epsilon %s under %s", self.tags["sketch_epsilon_status"] if epsilon is None else epsilon,
-                 self.tags["sketch_epsilon_assumption"])
+        epsilon, tags = _theorem1(t, k, n, self.c_over_sigma, self.alpha, self.queries)
+        self.tags, self.metrics = dict(tags), {} if epsilon is None else {"sketch_epsilon": epsilon}
 
     def sketch(self, rnd: int) -> CountSketch:
         """The round's count sketch: hashes from the run's shared seed (fixed: round 0's, or new every round)."""
         rnd = rnd if self.hashes == "per_round" else 0
         if rnd not in self._cs:
-            self._cs = {rnd: CountSketch(self.n, self.rows, self.cols, self.seed_of(rnd, "count_sketch"), self.device)}
+            self._cs = {rnd: _count_sketch(self.n, self.rows, self.cols, self.seed_of(rnd, "count_sketch"), self.device)}
         return self._cs[rnd]
 
     def privix_flops(self) -> float:

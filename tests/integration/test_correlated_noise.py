@@ -33,7 +33,8 @@ def test_the_cyclic_sampler_enforces_its_schema():
     seen = np.zeros((rounds, 43), dtype=bool)
     for t in range(1, rounds + 1):
         seen[t - 1, s.select(t, seed=3)] = True
-    k, b = s.schema(rounds)
+    law = s.participation(rounds)
+    k, b = law.k, law.b
     assert (k, b) == (3, 8)
     for client in range(43):
         when = np.flatnonzero(seen[:, client])

@@ -25,7 +25,7 @@ PAIRS = [(d, s) for d in DATASETS for s in SCHEMES]
 TRANSFER = {"fl", "ftl_full", "ftl_c", "fbftl"}
 #: pairs that must be refused (the rest must run): compressing or transferring schemes on a linear regression
 REFUSED = {("lending_club", s) for s in ("fl_rnd", "fl_freq", "fl_cs", "fedsketch", "fedsketchgate",
-                                         "sketchedsgd", "topk", "fl", "ftl_full", "ftl_c", "fbftl")}
+                                         "sketchedsgd", "topk", "topk_ef", "fl", "ftl_full", "ftl_c", "fbftl")}
 
 
 def _pair_config(dataset: str, scheme: str, *extra: str) -> dict:

@@ -168,7 +168,7 @@ def accept(c: dict) -> Pipeline:
         check_secagg_codec(cfg.secagg["name"], cfg.scheme_name, scheme)
     client_dp = make_client_dp(cfg, sampler, factor, goal) if cfg.dp == "client" else None
     if cfg.dp != "client":
-        from fedrun.dp import _participations
+        from fedrun.privacy.local_dp import _participations
 
         _participations(sampler, cfg.rounds, cfg.seed, cfg.dp)
     # the scheme's own set-up refusals (e.g. full participation) on a throwaway federation
@@ -186,7 +186,7 @@ def _federation(rng: np.random.Generator, clients: int, samples: int = 4):
 
 def simulation(pipe: Pipeline, federation, max_clients: int | None = None, fastest: int | None = None) -> Simulation:
     """A Simulation of the linear model on ``federation`` with the config's sampler, scheme, DP and deployment."""
-    from fedrun.dp import make_local_dp
+    from fedrun.privacy.local_dp import make_local_dp
     from fedrun.run import _instantiate, make_audit, make_deployment
 
     cfg = pipe.cfg

@@ -39,6 +39,9 @@ class DenseClientState:
     def __init__(self, num_clients, device):
         self.num_clients, self.device, self._store = int(num_clients), device, {}
 
+    _rows = property(lambda self: self._store)  # what ClientState's view and commit read, through get and set
+    _ids, view, commit = ClientState._ids, ClientState.view, ClientState.commit
+
     def get(self, name, ids, dim):
         if name not in self._store:
             self._store[name] = torch.zeros(self.num_clients, int(dim), device=self.device)

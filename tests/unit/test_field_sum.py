@@ -4,7 +4,8 @@ both of its paths (one int64 reduction when k·2^bits cannot overflow, row by ro
 import pytest
 import torch
 
-from fedrun.aggregation import ClientLevelDPSum, FieldSum, WeightedSum
+from fedrun.aggregation import FieldSum, WeightedSum
+from fedrun.privacy.privatizer import ClientLevelDPSum
 from fedrun.secagg import FieldQuantizer
 
 

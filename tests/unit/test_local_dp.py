@@ -1,4 +1,4 @@
-"""Local DP of paper 001 (fedrun.dp.LocalDP): noise scales, per-client streams, accounting, state.
+"""Local DP of paper 001 (fedrun.privacy.local_dp.LocalDP): noise scales, per-client streams, accounting, state.
 
 References are written out here independently of fedrun.privacy.local: the paper's formulas
 b = 2ζηE·T_l/(n_l·ε) and σ = (2ζηE/n_l)·√(2·T_l·ln(1.25/δ))/ε, the Laplace variance 2b², and the exact ε
@@ -16,7 +16,7 @@ import torch
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from fedrun.dp import LocalDP
+from fedrun.privacy.local_dp import LocalDP
 from fedrun.rng import torch_generator
 from tolerance import f32_tol
 

@@ -1,4 +1,4 @@
-"""Which local-DP sensitivity a run uses (``local_dp_sensitivity``; fedrun.dp.make_local_dp) and the check behind
+"""Which local-DP sensitivity a run uses (``local_dp_sensitivity``; fedrun.privacy.local_dp.make_local_dp) and the check behind
 the paper's: proven by default, the paper's 2ζηE/n_l only where η ≤ 2/β_l is verified on the run's data for the
 linear model with the Gaussian (L2) mechanism, or on explicit request (``paper_unchecked``, run marked conditional).
 
@@ -17,7 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import compose
-from fedrun.dp import LocalDP, make_local_dp
+from fedrun.privacy.local_dp import LocalDP, make_local_dp
 from fedrun.models.flat import FlatParams
 from fedrun.models.nets import build_model
 from fedrun.privacy.local import linear_mse_smoothness, nonexpansive_check, sensitivity

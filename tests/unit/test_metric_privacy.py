@@ -123,7 +123,7 @@ def test_every_metric_a_dp_run_logs_is_classified_and_marked_when_not_covered(ki
     if kind == "fl_cs":  # the decoder works on the noised aggregate: covered
         assert {"decoder/residual_ratio", "decoder/iterations", "dp/noise_std"} <= names
     if kind == "fedsketchgate":  # the clients' corrections c_j come from their own sketches
-        assert {"nonprivate/sketch/gate_c_mean_norm", "nonprivate/sketch/gate_c_rms_norm"} <= names
+        assert {"nonprivate/client/sketch/gate_c_mean_norm", "nonprivate/client/sketch/gate_c_rms_norm"} <= names
     if kind.startswith("local"):
         assert {"nonprivate/local_dp/noise_item_var", "nonprivate/local_dp/clients_noised",
                 "local_dp/epsilon_target", "nonprivate/sampling/clients"} <= names

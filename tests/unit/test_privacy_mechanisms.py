@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats
 
-from fedrun.aggregation import ClientLevelDPSum
+from fedrun.privacy.privatizer import ClientLevelDPSum
 from fedrun.privacy.mechanisms import (
     GaussianEvent,
     LaplaceEvent,

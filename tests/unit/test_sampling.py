@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
 
-from fedrun.sampling import AllSampler, CappedPoissonSampler, PoissonSampler, RoundRobinSampler, UniformSampler
+from fedrun.privacy.cohort import CappedPoisson, FixedSize, Poisson, Schema
+from fedrun.sampling import (AllSampler, CappedPoissonSampler, CyclicSampler, PoissonSampler, RoundRobinSampler,
+                             UniformSampler)
 
 
 def test_poisson_rate_and_independence_of_rounds():
@@ -11,7 +13,7 @@ def test_poisson_rate_and_independence_of_rounds():
     assert abs(np.mean(counts) - 100) < 3
     assert not np.array_equal(s.select(1, 3), s.select(2, 3))
     assert np.array_equal(s.select(5, 3), s.select(5, 3))
-    assert s.expected_clients == 100 and s.poisson_probability == 0.1 and s.fraction == pytest.approx(0.1)
+    assert s.expected_clients == 100 and s.participation(5) == Poisson(0.1, 1000) and s.fraction == pytest.approx(0.1)
 
 
 def test_uniform_fixed_size_distinct():
@@ -19,7 +21,7 @@ def test_uniform_fixed_size_distinct():
     for t in range(1, 20):
         sel = s.select(t, 0)
         assert len(sel) == 25 and len(set(sel)) == 25 and sel.max() < 50
-    assert s.poisson_probability is None
+    assert s.participation(7) == FixedSize(25, 50)
 
 
 def test_round_robin_covers_everyone_evenly():
@@ -70,8 +72,11 @@ def test_capped_poisson_is_poisson_with_the_excess_dropped_at_random():
         CappedPoissonSampler(10, 0.5, 0)
 
 
-def test_each_sampler_says_how_client_level_dp_accounts_it():
-    assert PoissonSampler(10, 0.5).dp_sampling == "poisson"
-    assert UniformSampler(10, 3).dp_sampling == "fixed_size"
-    assert CappedPoissonSampler(10, 0.5, 3).dp_sampling == "capped_poisson"
-    assert RoundRobinSampler(10, 3).dp_sampling is None and AllSampler(10).dp_sampling is None
+def test_each_sampler_declares_its_participation_law():
+    assert PoissonSampler(10, 0.5).participation(4) == Poisson(0.5, 10)
+    assert UniformSampler(10, 3).participation(4) == FixedSize(3, 10)
+    assert CappedPoissonSampler(10, 0.5, 3).participation(4) == CappedPoisson(0.5, 3, 10)
+    assert CyclicSampler(10, 3).participation(7) == Schema(3, 3)  # G = 3 groups: at most ⌈7/3⌉ rounds, 3 apart
+    assert RoundRobinSampler(10, 3).participation(4) is None and AllSampler(10).participation(4) is None
+    for s in (PoissonSampler(10, 0.5), UniformSampler(10, 3), CappedPoissonSampler(10, 0.5, 3), CyclicSampler(10, 3)):
+        assert type(s).law is type(s.participation(4))  # the config edge reads the class's, before a sampler exists

@@ -231,7 +231,7 @@ def test_gate_corrections_sum_to_zero_with_a_linear_decoder(unsketch, heavy):
         tol = f32_tol(scale, terms=terms)
         assert c.abs().max() > 100 * tol  # the corrections are not trivially zero, far above round-off
         assert c.sum(0).abs().max() <= tol
-        assert metrics["gate_c_mean_norm"] <= np.sqrt(DIM) * tol / N_CLIENTS < metrics["gate_c_rms_norm"]
+        assert metrics["client_gate_c_mean_norm"] <= np.sqrt(DIM) * tol / N_CLIENTS < metrics["client_gate_c_rms_norm"]
 
 
 def test_gate_mean_correction_drifts_with_a_median_decoder():
@@ -239,7 +239,7 @@ def test_gate_mean_correction_drifts_with_a_median_decoder():
     scheme = FedSketchGate("privix", rows=3, cols=7)
     sim = make_sim(scheme, per_round=None, steps=1)
     metrics = sim.run_round(1)
-    assert metrics["gate_c_mean_norm"] > 1e-4  # a drift of the size of the updates' disagreement, not round-off
+    assert metrics["client_gate_c_mean_norm"] > 1e-4  # a drift of the size of the updates' disagreement, not round-off
 
 
 def test_gate_update_matches_formula_and_correction_enters_local_steps():

@@ -70,13 +70,16 @@ def make_sim(scheme: SketchedSGD, lr: float, per_round: int) -> Simulation:
     spec = LocalSpec("sgd", steps=1, batch_size=PER_CLIENT, lr=lr)  # one batch = the client's whole data
     sim = Simulation(model=model, data=ClientData(x, y, parts), x_test=x[:30], y_test=y[:30],
                      sampler=UniformSampler(N_CLIENTS, per_round), scheme=scheme, spec=spec, seed=5)
-    exact = ExactSketch()
-    # the count sketch replaced by an exact one (rows·cols = DIM) on both sides of the protocol: the clients'
-    # codec (encode: S(v_j)) and the server's (query: the heavy set H)
     assert sim.scheme is scheme
-    for side in (sim.scheme, sim.client_codec):
-        side.sketch = lambda rnd: exact
     return sim
+
+
+class ExactSketchedSGD(SketchedSGD):
+    """The count sketch replaced by an exact one (rows·cols = DIM) on both sides of the protocol: the clients'
+    codecs (encode: S(v_j), each built afresh from this class) and the server's (query: the heavy set H)."""
+
+    def sketch(self, rnd):
+        return ExactSketch()
 
 
 # ---------------------------------------------------------------- the independent reference
@@ -119,7 +122,7 @@ class TopKMomentumEF:
 @pytest.mark.parametrize("rho,m,per_round", [(0.9, 8, 4), (0.5, 3, 3), (0.0, 13, 6)])
 def test_sketchedsgd_with_exact_heavy_hitters_is_topk_sgd_with_momentum_and_error_feedback(rho, m, per_round):
     eta, gamma, rounds = 0.4, 1.5, 6
-    scheme = SketchedSGD(rows=1, cols=DIM, num_heavy=m, momentum=rho, server_lr=gamma)
+    scheme = ExactSketchedSGD(rows=1, cols=DIM, num_heavy=m, momentum=rho, server_lr=gamma)
     sim = make_sim(scheme, lr=eta, per_round=per_round)
     ref = TopKMomentumEF(sim.params.double().numpy(), lr=eta * gamma, rho=rho, m=m)
     all_ids = np.arange(N_CLIENTS)
@@ -150,7 +153,7 @@ def test_sketchedsgd_with_exact_heavy_hitters_is_topk_sgd_with_momentum_and_erro
 
 def test_one_round_without_momentum_and_m_1_is_top1_sgd():
     """Guard on the harness (data layout, gradient, scaling): ρ = 0, m = 1, one round = plain top-1 SGD."""
-    scheme = SketchedSGD(rows=1, cols=DIM, num_heavy=1, momentum=0.0, server_lr=1.0)
+    scheme = ExactSketchedSGD(rows=1, cols=DIM, num_heavy=1, momentum=0.0, server_lr=1.0)
     sim = make_sim(scheme, lr=0.5, per_round=N_CLIENTS)
     w0 = sim.params.double().numpy()
     clients = sim.select(1)

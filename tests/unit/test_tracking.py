@@ -171,7 +171,7 @@ class Recorder(t.NullTracker):
 
 def _built(kind: str):
     from fedrun.data.partition import partition_stats
-    from fedrun.dp import LocalDP
+    from fedrun.privacy.local_dp import LocalDP
     from fedrun.run import Built
     from fedrun.sampling import AllSampler, PoissonSampler
     from fedrun.schemes.dct import CompressiveSensingScheme
@@ -213,7 +213,7 @@ RUN_CONFIG = {"rounds": 2, "eval_every": 1, "patience": 1, "validation_fraction"
 @pytest.mark.parametrize("kind,groups", [("fedavg_dp", {"dp/", "summary/", "partition/", "sampling/"}),
                                          ("fl_cs_dp", {"decoder/", "dp/"}),
                                          ("fedsketch", set()),
-                                         ("fedsketchgate", {"sketch/"}),
+                                         ("fedsketchgate", {"client/"}),
                                          ("local_dp", {"local_dp/"})])
 def test_every_metric_a_run_logs_is_a_key_metric_or_in_a_group(kind, groups, monkeypatch, tmp_path):
     import fedrun.run as fr

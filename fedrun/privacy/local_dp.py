@@ -70,7 +70,6 @@ from fedrun.privacy.local import (
     sensitivity,
 )
 from fedrun.privacy.mechanisms import gaussian_noise, laplace_noise
-from fedrun.sampling import AllSampler, RoundRobinSampler
 from fedrun.training import LocalSpec
 
 log = logging.getLogger("fedrun")
@@ -82,8 +81,6 @@ CALIBRATIONS = ("classic", "analytic")
 SENSITIVITIES = ("proven", "paper", "paper_unchecked")
 SENSITIVITY_ALTERNATIVES = "local_dp_sensitivity=proven (the default) or paper_unchecked (ε then conditional)"
 ALLOWED_SAMPLERS = "round_robin (exact T_l) or all (T_l = rounds)"
-_SAMPLER_NAMES = {"PoissonSampler": "poisson", "UniformSampler": "uniform", "RoundRobinSampler": "round_robin",
-                  "AllSampler": "all"}
 
 
 @dataclass(frozen=True)
@@ -342,13 +339,11 @@ class LocalDP:
 
 # ---------------------------------------------------------------------------------------------- build
 def _participations(sampler, rounds: int, seed: int, mode: str) -> np.ndarray:
-    if isinstance(sampler, RoundRobinSampler):
-        return sampler.participations(rounds, seed)
-    if isinstance(sampler, AllSampler):
-        return np.full(sampler.num_clients, int(rounds), dtype=np.int64)
-    name = _SAMPLER_NAMES.get(type(sampler).__name__, type(sampler).__name__)
-    raise ValueError(f"dp={mode} needs each client's participation count T_l in advance; sampler={name} "
-                      f"does not fix it; allowed: {ALLOWED_SAMPLERS}")
+    counts = sampler.participations(rounds, seed)
+    if counts is None:
+        raise ValueError(f"dp={mode} needs each client's participation count T_l in advance; sampler={sampler.name} "
+                         f"does not fix it; allowed: {ALLOWED_SAMPLERS}")
+    return counts
 
 
 def _choose_sensitivity(model: str, mode: str, mechanism: str, requested: str, spec: LocalSpec,
