@@ -213,3 +213,29 @@ def test_more_rounds_are_refused_where_the_privacy_was_planned_for_the_run(tmp_p
         in p.stderr
     assert len(_rows(run_dir)) == 2
 
+
+def test_more_rounds_under_independent_dp_equal_the_longer_run(tmp_path, shared_data, fedrun_in_process, monkeypatch,
+                                                               mlflow_store_template):
+    """Each round is its own accountant event at the given σ: a run extended from 2 to 4 rounds ends where the
+    4-round run does (ε, model, metrics); its MLflow run says the rounds it was extended to."""
+    dp = ["dp=true", "noise_multiplier=1.0", "clipping_norm=0.5"]
+    if mlflow_store_template:
+        mlflow_store_template(tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = _first_run(fedrun_in_process, monkeypatch, shared_data, SHORT + dp, tmp_path, uri=uri)
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data, SHORT + dp + ["rounds=4", f"resume={run_dir}"],
+                    uri=uri)
+    assert p.returncode == 0, p.stderr
+    assert "rounds extended from 2 to 4" in p.stdout + p.stderr
+    extended = _rows(run_dir)
+    run, steps = _history(tmp_path, "nonprivate/uplink_bytes_total")
+    assert steps == [1, 2, 3, 4] and run.data.params["rounds"] == "2"  # params are write-once
+    assert run.data.tags["fedrun.rounds_extended"] == "4" and run.data.metrics["summary/rounds_completed"] == 4
+    assert f"ε = {float(extended[-1]['epsilon']):.4g} after 4 rounds" in p.stdout + p.stderr  # the start's ε line
+
+    longer = tmp_path / "longer"
+    longer.mkdir()
+    monkeypatch.chdir(longer)
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data, SHORT + dp + ["rounds=4", "tracking=none"])
+    assert p.returncode == 0, p.stderr
+    assert extended[-1] == _rows(_run_dirs(longer)[0])[-1]
