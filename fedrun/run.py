@@ -757,7 +757,7 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     if ckpt_path is None or extended:
         (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(c)))
     if extended:  # MLflow params are write-once: params.rounds stays the rounds first planned
-        tracker.set_tags({"fedrun.rounds_extended": cfg.rounds})
+        tracker.set_tags({"fedrun.rounds_extended": cfg.rounds, "fedrun.config_hash": chash})
     if ckpt_path is None:
         tracker.log_metrics({f"partition_{k}": float(v) for k, v in built.partition_stats.items()}, step=0)
         if CheckpointSchedule(cfg.checkpoint_every).enabled:

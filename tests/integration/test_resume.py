@@ -217,7 +217,8 @@ def test_more_rounds_are_refused_where_the_privacy_was_planned_for_the_run(tmp_p
 def test_more_rounds_under_independent_dp_equal_the_longer_run(tmp_path, shared_data, fedrun_in_process, monkeypatch,
                                                                mlflow_store_template):
     """Each round is its own accountant event at the given σ: a run extended from 2 to 4 rounds ends where the
-    4-round run does (ε, model, metrics); its MLflow run says the rounds it was extended to."""
+    4-round run does (ε, model, metrics); its MLflow run says the rounds it was extended to, and a sweep with
+    skip_finished=true finds it as the 4-round run."""
     dp = ["dp=true", "noise_multiplier=1.0", "clipping_norm=0.5"]
     if mlflow_store_template:
         mlflow_store_template(tmp_path / "mlflow.db")
@@ -232,6 +233,9 @@ def test_more_rounds_under_independent_dp_equal_the_longer_run(tmp_path, shared_
     assert steps == [1, 2, 3, 4] and run.data.params["rounds"] == "2"  # params are write-once
     assert run.data.tags["fedrun.rounds_extended"] == "4" and run.data.metrics["summary/rounds_completed"] == 4
     assert f"ε = {float(extended[-1]['epsilon']):.4g} after 4 rounds" in p.stdout + p.stderr  # the start's ε line
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data, SHORT + dp + ["rounds=4", "skip_finished=true"],
+                    uri=uri)  # the run's fedrun.config_hash is the 4-round config's
+    assert p.returncode == 0 and "already finished this configuration" in p.stdout + p.stderr, p.stderr
 
     longer = tmp_path / "longer"
     longer.mkdir()
