@@ -47,9 +47,44 @@ def config_hash(c: dict) -> str:
     the same hash ran the same experiment, so a sweep with ``skip_finished=true`` need not run it twice."""
     import hashlib
 
+    return hashlib.sha256(json.dumps(_result_keys(c), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _result_keys(c: dict) -> dict:
     keep = {k: v for k, v in c.items() if k not in UNHASHED and k not in OPTIONAL_GROUPS}
     keep.update(deployment_keys(c))
-    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return keep
+
+
+def check_resumable(stored: dict, built) -> None:
+    """Refuse, in one line, to resume a run whose checkpointed config (``stored``) differs from this one in a key
+    that changes results (:func:`config_hash`'s). The one difference allowed is more ``rounds`` (and the
+    ``total_iterations`` they come from) where ε stays the composition of the events the rounds record: no DP, or
+    client-level DP with independent noise and a given σ (``noise_multiplier``: a σ calibrated to ``epsilon`` was
+    calibrated to spend it in the run's rounds; another σ for more rounds would spend more). Not under local DP (each
+    client's noise is calibrated to its participations in the run's rounds) nor under a participation schema
+    (``sampler=cyclic``: the schema, the noise's strategy matrix and its sensitivities are planned for the rounds)."""
+    from fedrun.tracking import flatten
+
+    old, new = flatten(_result_keys(stored)), flatten(_result_keys(dict(built.cfg.record)))
+    diff = {k: (old.get(k, "unset"), new.get(k, "unset")) for k in sorted(old.keys() | new.keys())
+            if old.get(k) != new.get(k)}
+    rounds = diff.get("rounds", ("0", "0"))
+    if diff and not (set(diff) <= {"rounds", "total_iterations"} and int(rounds[1]) > int(rounds[0])):
+        raise ConfigError("resume: this config differs from the run's in " +
+                          ", ".join(f"{k} ({a} → {b})" for k, (a, b) in diff.items()) +
+                          "; resume with the run's config, or start a new run")
+    if not diff:
+        return
+    sim, cfg = built.sim, built.cfg
+    why = ("local DP calibrated each client's noise to its participations in them" if sim.local_dp is not None else
+           "the participation schema (sampler=cyclic) and its noise were planned for them"
+           if sim.client_dp is not None and sim.client_dp.schema is not None else
+           f"σ was calibrated to spend epsilon={cfg.epsilon} in them"
+           if sim.client_dp is not None and cfg.noise_multiplier is None else None)
+    if why is not None:
+        raise ConfigError(f"resume: rounds={rounds[1]} extends the run's {rounds[0]} rounds, but {why}; resume with "
+                          f"rounds={rounds[0]}, or start a new run")
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -89,11 +124,13 @@ def save_checkpoint(out_dir: Path, built, loop, run_id: str | None, finished: bo
 
 
 def load_into(path: Path, built, loop) -> dict:
-    """Restore a checkpoint into a freshly built simulation and loop state; returns the raw state."""
+    """Restore a checkpoint into a freshly built simulation and loop state, if :func:`check_resumable` allows it;
+    returns the raw state."""
     state = torch.load(path, map_location="cpu", weights_only=False)
     if state.get("format") not in READABLE:
         raise ConfigError(f"checkpoint {path} has format {state.get('format')}; this fedrun reads formats "
                           f"{', '.join(map(str, READABLE))}")
+    check_resumable(state["config"], built)  # before anything is restored
     sim = built.sim
     sim.params.copy_(state["params"].to(sim.device))
     (built.runner if built.runner is not sim else sim.scheme).load_state_dict(state["scheme"])

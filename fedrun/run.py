@@ -597,10 +597,13 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     out.mkdir(parents=True, exist_ok=True)
     built = build(cfg)
     loop = LoopState()
-    run_id = None
+    run_id, extended = None, False
     if ckpt_path is not None:
-        run_id = load_into(ckpt_path, built, loop)["run_id"]
-        log.info("resuming %s after round %d", out, loop.round)
+        state = load_into(ckpt_path, built, loop)  # refuses another config, bar more rounds where ε stays exact
+        run_id, planned = state["run_id"], state["config"]["rounds"]
+        extended = planned != cfg.rounds
+        log.info("resuming %s after round %d%s", out, loop.round,
+                 f"; rounds extended from {planned} to {cfg.rounds}" if extended else "")
     names = built.names
     tags = {"scheme": names["scheme"], "dataset": names["dataset"], "model": names["model"],
             "partition": names["partition"], "dp": names["dp"], "fedrun.config_hash": chash,
@@ -611,8 +614,11 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
     tracker.set_dp(built.sim.privatizer.mode != "off")  # before any metric: what ε does not cover goes under nonprivate/
     tracker.start(params, tags, run_name=run_name, run_id=run_id)
     log_source(tracker, out)  # the code it runs: commit, and a dirty tree's diff as an artifact (fedrun.provenance)
-    if ckpt_path is None:
+    if ckpt_path is None or extended:
         (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(c)))
+    if extended:  # MLflow params are write-once: params.rounds stays the rounds first planned
+        tracker.set_tags({"fedrun.rounds_extended": cfg.rounds, "fedrun.config_hash": chash})
+    if ckpt_path is None:
         tracker.log_metrics({f"partition_{k}": float(v) for k, v in built.partition_stats.items()}, step=0)
         if CheckpointSchedule(cfg.checkpoint_every).enabled:
             tracker.set_tags({"fedrun.checkpoint": str((out / CHECKPOINT).resolve()),

@@ -160,3 +160,86 @@ def test_runs_started_in_the_same_second_get_their_own_run_folders():
     runs, sweeps = [c.hydra.run.dir for c in (a, b)], [c.hydra.sweep.dir for c in (a, b)]   # each job's "now"
     assert runs[0] != runs[1] and sweeps[0] != sweeps[1]
     assert runs[0].startswith("outputs/") and sweeps[0].startswith("multirun/")
+
+
+# ------------------------------------------------------------------------------------------ resuming another config
+SHORT = [a for a in ARGS if not a.startswith("rounds=")] + ["rounds=2"]
+
+
+def _first_run(fedrun_in_process, monkeypatch, shared_data, args, tmp_path, uri=""):
+    """A finished short run: its folder (and, with ``uri``, its MLflow run id)."""
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data, args, uri=uri)
+    assert p.returncode == 0, p.stderr
+    return _run_dirs(tmp_path)[0]
+
+
+def test_resume_by_folder_file_or_run_id_refuses_another_config(tmp_path, shared_data, fedrun_in_process, monkeypatch,
+                                                                mlflow_store_template):
+    """resume=<folder | checkpoint | run id> once continued any config inside the run (params still saying the
+    old lr); now each form compares the checkpoint's config with this one and names what differs."""
+    if mlflow_store_template:
+        mlflow_store_template(tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = _first_run(fedrun_in_process, monkeypatch, shared_data, SHORT, tmp_path, uri=uri)
+    run, _ = _history(tmp_path, "uplink_bytes_total")
+    for target in (run_dir, run_dir / "checkpoint.pt", run.info.run_id):
+        p = _in_process(fedrun_in_process, monkeypatch, shared_data,
+                        SHORT + ["lr=0.1", "local_steps=3", "checkpoint_every=2", f"resume={target}"], uri=uri)
+        assert p.returncode == 2, (target, p.stderr)
+        assert ("resume: this config differs from the run's in local_steps (2 → 3), lr (0.05 → 0.1); resume with "
+                "the run's config, or start a new run") in p.stderr  # checkpoint_every: not a result's key
+    assert _history(tmp_path, "uplink_bytes_total")[1] == [1, 2]  # the run was left as it was
+
+
+LDP = ["~experiment", "dataset=lending_club", "scheme=ldp_fedavg", "dp=local_gaussian", "sampler=round_robin",
+       "clients_per_round=5", "num_clients=10", "local_mode=gd", "local_steps=2", "rounds=2", "lr=0.1",
+       "local_clip=150", "progress=off", "checkpoint_every=1"]
+
+
+@pytest.mark.parametrize("args, why", [
+    (SHORT + CORRELATED, "the participation schema (sampler=cyclic) and its noise were planned for them"),
+    (SHORT + ["dp=true", "epsilon=8", "clipping_norm=0.5"], "σ was calibrated to spend epsilon=8 in them"),
+    (LDP, "local DP calibrated each client's noise to its participations in them"),
+], ids=["correlated_noise", "epsilon_target", "local_dp"])
+def test_more_rounds_are_refused_where_the_privacy_was_planned_for_the_run(tmp_path, shared_data, fedrun_in_process,
+                                                                          monkeypatch, args, why):
+    """Extending a cyclic / correlated-noise run from 10 to 20 rounds once logged ε = 2.613 where the mechanism run
+    gives 2.811: its schema, strategy matrix and sensitivities were planned for 10."""
+    run_dir = _first_run(fedrun_in_process, monkeypatch, shared_data, args + ["tracking=none"], tmp_path)
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data,
+                    args + ["tracking=none", "rounds=4", f"resume={run_dir}"])
+    assert p.returncode == 2, p.stderr
+    assert f"resume: rounds=4 extends the run's 2 rounds, but {why}; resume with rounds=2, or start a new run" \
+        in p.stderr
+    assert len(_rows(run_dir)) == 2
+
+
+def test_more_rounds_under_independent_dp_equal_the_longer_run(tmp_path, shared_data, fedrun_in_process, monkeypatch,
+                                                               mlflow_store_template):
+    """Each round is its own accountant event at the given σ: a run extended from 2 to 4 rounds ends where the
+    4-round run does (ε, model, metrics); its MLflow run says the rounds it was extended to, and a sweep with
+    skip_finished=true finds it as the 4-round run."""
+    dp = ["dp=true", "noise_multiplier=1.0", "clipping_norm=0.5"]
+    if mlflow_store_template:
+        mlflow_store_template(tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = _first_run(fedrun_in_process, monkeypatch, shared_data, SHORT + dp, tmp_path, uri=uri)
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data, SHORT + dp + ["rounds=4", f"resume={run_dir}"],
+                    uri=uri)
+    assert p.returncode == 0, p.stderr
+    assert "rounds extended from 2 to 4" in p.stdout + p.stderr
+    extended = _rows(run_dir)
+    run, steps = _history(tmp_path, "nonprivate/uplink_bytes_total")
+    assert steps == [1, 2, 3, 4] and run.data.params["rounds"] == "2"  # params are write-once
+    assert run.data.tags["fedrun.rounds_extended"] == "4" and run.data.metrics["summary/rounds_completed"] == 4
+    assert f"ε = {float(extended[-1]['epsilon']):.4g} after 4 rounds" in p.stdout + p.stderr  # the start's ε line
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data, SHORT + dp + ["rounds=4", "skip_finished=true"],
+                    uri=uri)  # the run's fedrun.config_hash is the 4-round config's
+    assert p.returncode == 0 and "already finished this configuration" in p.stdout + p.stderr, p.stderr
+
+    longer = tmp_path / "longer"
+    longer.mkdir()
+    monkeypatch.chdir(longer)
+    p = _in_process(fedrun_in_process, monkeypatch, shared_data, SHORT + dp + ["rounds=4", "tracking=none"])
+    assert p.returncode == 0, p.stderr
+    assert extended[-1] == _rows(_run_dirs(longer)[0])[-1]

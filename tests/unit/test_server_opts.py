@@ -66,7 +66,7 @@ def test_server_velocity_is_checkpointed(tmp_path) -> None:
 
     save_checkpoint(tmp_path, Built(a, {}, {}, cfg=SimpleNamespace(record={})), LoopState(round=1), None)
     b = _real_sim(FedAvg(server_momentum=0.9))
-    load_into(tmp_path / "checkpoint.pt", Built(b, {}, {}), LoopState())
+    load_into(tmp_path / "checkpoint.pt", Built(b, {}, {}, cfg=SimpleNamespace(record={})), LoopState())
     before = a.params.clone()
     assert torch.equal(b.params, before)
     a.server_step(torch.ones(n))
