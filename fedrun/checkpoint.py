@@ -111,6 +111,7 @@ def save_checkpoint(out_dir: Path, built, loop, run_id: str | None, finished: bo
         "accountant": sim.accountant.state_dict() if sim.accountant is not None else None,
         "local_dp": sim.local_dp.state_dict() if sim.local_dp is not None else None,
         "canaries": sim.canaries.state_dict() if sim.canaries is not None else None,
+        "participation": sim.privatizer.ledger.state_dict() if sim.privatizer.ledger is not None else None,
         "ledger": sim.ledger.state_dict(),
         "deployment": sim.deployment.state_dict() if sim.deployment is not None else None,
         "loop": {"rows": loop.rows, "best": loop.best, "best_val": loop.best_val,
@@ -146,6 +147,8 @@ def load_into(path: Path, built, loop) -> dict:
         sim.local_dp.load_state_dict(state["local_dp"])
     if state.get("canaries") is not None:  # made now (their length is the payload's), then restored
         sim.privatizer.make_canaries(int(state["canaries"]["dim"])).load_state_dict(state["canaries"])
+    if state.get("participation") is not None:  # the participation ledger: who took part when, canaries included
+        sim.privatizer.ledger.load_state_dict(state["participation"])
     sim.ledger.load_state_dict(state["ledger"])
     if state.get("deployment") is not None:
         sim.deployment.load_state_dict(state["deployment"])

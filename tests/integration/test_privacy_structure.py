@@ -275,3 +275,24 @@ def test_canaries_keep_the_schemas_k():
         can.rows(g, rnd)
         ledger.record(rnd, None, can.taken)
     assert can.participations[can.included].max() == 2
+
+
+def test_the_participation_ledger_resumes_with_the_run(fast_cfg, tmp_path):
+    """A resumed run holds its rounds to the law with the participations before the checkpoint (a client of round 1
+    taking part again in round 2 of a resumed b = 3 schema is still a breach)."""
+    from fedrun.checkpoint import load_into, save_checkpoint
+    from fedrun.run import LoopState
+
+    c = OmegaConf.to_container(fast_cfg(*DP[:2], "dp=true", "epsilon=4", "delta=1e-5", "num_clients=12",
+                                        "clipping_norm=0.05", "sampler=cyclic", "clients_per_round=4", "rounds=6"),
+                               resolve=True)
+    built = build(c)
+    built.sim.run_round(1)
+    loop = LoopState()
+    loop.round = 1
+    save_checkpoint(tmp_path, built, loop, None)
+    again = build(c)
+    load_into(tmp_path / "checkpoint.pt", again, LoopState())
+    assert np.array_equal(again.sim.privatizer.ledger.count, built.sim.privatizer.ledger.count)
+    with pytest.raises(CohortContractError, match="round 2: client"):
+        again.sim.run_round(2, built.sim.select(1))  # round 1's group again, one round later
