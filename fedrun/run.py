@@ -127,7 +127,7 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0, report_
         raise ConfigError(f"dp=true needs sampler=poisson, uniform, poisson_capped or cyclic (the cohorts an accountant "
                           f"knows); got sampler={sampler.name}")
     if sampling == "schema":
-        return schema_client_dp(cfg, sampler, 2.0 if report_goal is not None else 1.0)
+        return charged(schema_client_dp(cfg, sampler, 2.0 if report_goal is not None else 1.0), cfg)
     if sampling == "poisson":
         q = sampler.poisson_probability
         cohort: dict[str, Any] = {}
@@ -156,9 +156,20 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0, report_
                   sampling_probability=float(q), expected_clients=denominator, delta=delta,
                   accountant=str(acct), sampling=sampling, num_clients=n,
                   cohort_size=cohort.get("cohort_size"), add_remove_sensitivity=sens)
+    dp = charged(dp, cfg)
     if float(sigma) > 0 and log.isEnabledFor(logging.INFO):  # the report costs an accountant call or two
         log.info(epsilon_report(dp, rounds))
     return dp
+
+
+def charged(dp: ClientDP, cfg: RunConfig) -> ClientDP:
+    """``dp`` with SecAgg's abort bit charged (:func:`fedrun.privacy.abort.charge_abort`); ConfigError if refused."""
+    from fedrun.privacy.abort import charge_abort
+
+    try:
+        return charge_abort(dp, cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def resolve_sigma(cfg: RunConfig, sens: float, epsilon_at, calibrate, how: str) -> float:

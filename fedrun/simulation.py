@@ -28,6 +28,7 @@ from torch import nn
 from fedrun.aggregation import ClientLevelDPSum, WeightedSum
 from fedrun.comm import Ledger, Message
 from fedrun.models.flat import FlatParams
+from fedrun.privacy.abort import record_abort
 from fedrun.privacy.mechanisms import (Event, FixedSizeGaussianEvent, GaussianEvent, PoissonGaussianEvent,
                                        TruncatedPoissonGaussianEvent)
 from fedrun.rng import derive_seed, torch_generator
@@ -71,6 +72,7 @@ class ClientDP:
     schema: tuple[int, int] | None = None
     sensitivities: tuple[float, ...] | None = None
     noise_weights: np.ndarray | None = field(default=None, compare=False, repr=False)
+    abort_noise_multiplier: float | None = None  # SecAgg's abort bit, charged each round (fedrun.privacy.abort)
 
     @property
     def charged_noise_multiplier(self) -> float:
@@ -187,6 +189,7 @@ class Privatizer:
     def close(self, rnd: int, agg) -> torch.Tensor:
         out = agg.finish()
         if self.client_dp is not None:
+            record_abort(self.accountant, self.client_dp, rnd)
             if (event := self.client_dp.event(rnd)) is not None:
                 self.accountant.record(event)
             self.diagnostics = agg.diagnostics()
@@ -198,6 +201,7 @@ class Privatizer:
         """A round that released nothing (SecAgg aborted it). Under a participation schema its event is recorded all
         the same: the rounds' events charge the growth of the prefix sensitivity, which adds up to the run's s_T only
         if every round is charged (a later release can still carry this round's clients' later participations)."""
+        record_abort(self.accountant, self.client_dp, rnd)
         if self.client_dp is not None and self.client_dp.sampling == "schema":
             if (event := self.client_dp.event(rnd)) is not None:
                 self.accountant.record(event)
