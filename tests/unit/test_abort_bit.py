@@ -140,3 +140,16 @@ def test_rounds_charged():
     schema = ClientDP(1.0, 1.0, 1.0, 6.0, 1e-5, sampling="schema", schema=(3, 4), abort_noise_multiplier=3.0)
     assert [r for r in range(1, 13) if abort_event(schema, r) is not None] == [1, 5, 9]
     assert abort_event(ClientDP(1.0, 1.0, 0.1, 10.0, 1e-5), 1) is None
+
+
+def test_an_aborted_round_is_charged_its_bit():
+    """Privatizer.skip (a round SecAgg aborted: nothing but the bit released) records the bit's charge."""
+    import torch
+
+    from fedrun.privacy.mechanisms import GaussianEvent
+    from fedrun.simulation import ClientDP, Privatizer
+
+    dp = ClientDP(1.0, 1.0, 0.1, 10.0, 1e-5, abort_noise_multiplier=3.0)
+    privatizer = Privatizer(dp, None, None, 0, torch.device("cpu"))
+    privatizer.skip(1)
+    assert privatizer.accountant.events == (GaussianEvent(3.0),)
