@@ -56,6 +56,7 @@ class ClientDP:
     noise_weights: np.ndarray | None = field(default=None, compare=False, repr=False)
     #: the sampler's participation law these settings were made for (the privatizer's ledger holds rounds to it)
     law: Law | None = None
+    abort_noise_multiplier: float | None = None  # SecAgg's abort bit, charged each round (fedrun.privacy.abort)
 
     @property
     def charged_noise_multiplier(self) -> float:
@@ -110,7 +111,7 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0, report_
         raise ConfigError(f"dp=true needs a sampler that declares a participation law (the cohorts an accountant "
                           f"knows); sampler={sampler.name} declares none")
     if isinstance(law, Schema):
-        return schema_client_dp(cfg, sampler, law, 2.0 if report_goal is not None else 1.0)
+        return charged(schema_client_dp(cfg, sampler, law, 2.0 if report_goal is not None else 1.0), cfg)
     sampling = law.kind
     if isinstance(law, Poisson):
         q, cohort, denominator = law.q, {}, law.q * n
@@ -136,9 +137,20 @@ def make_client_dp(cfg: RunConfig, sampler, over_selection: float = 1.0, report_
                   sampling_probability=float(q), expected_clients=denominator, delta=delta,
                   accountant=str(acct), sampling=sampling, num_clients=n,
                   cohort_size=cohort.get("cohort_size"), add_remove_sensitivity=sens, law=law)
+    dp = charged(dp, cfg)
     if float(sigma) > 0 and log.isEnabledFor(logging.INFO):  # the report costs an accountant call or two
         log.info(epsilon_report(dp, rounds))
     return dp
+
+
+def charged(dp: ClientDP, cfg: RunConfig) -> ClientDP:
+    """``dp`` with SecAgg's abort bit charged (:func:`fedrun.privacy.abort.charge_abort`); ConfigError if refused."""
+    from fedrun.privacy.abort import charge_abort
+
+    try:
+        return charge_abort(dp, cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def resolve_sigma(cfg: RunConfig, sens: float, epsilon_at, calibrate, how: str) -> float:

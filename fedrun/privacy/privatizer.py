@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from fedrun.aggregation import FieldSum, WeightedSum
+from fedrun.privacy.abort import record_abort
 from fedrun.privacy.client_dp import ClientDP
 from fedrun.privacy.cohort import CappedPoisson, FixedSize, ParticipationLedger, Poisson, Schema
 from fedrun.privacy.mechanisms import clip_rows, gaussian_noise
@@ -147,6 +148,7 @@ class Privatizer:
     def close(self, rnd: int, agg) -> torch.Tensor:
         out = agg.finish()
         if self.client_dp is not None:
+            record_abort(self.accountant, self.client_dp, rnd)
             if (event := self.client_dp.event(rnd)) is not None:
                 self.accountant.record(event)
             self.diagnostics = agg.diagnostics()
@@ -158,6 +160,7 @@ class Privatizer:
         """A round that released nothing (SecAgg aborted it). Under a participation schema its event is recorded all
         the same: the rounds' events charge the growth of the prefix sensitivity, which adds up to the run's s_T only
         if every round is charged (a later release can still carry this round's clients' later participations)."""
+        record_abort(self.accountant, self.client_dp, rnd)
         if self.client_dp is not None and self.client_dp.sampling == "schema":
             if (event := self.client_dp.event(rnd)) is not None:
                 self.accountant.record(event)
