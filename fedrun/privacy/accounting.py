@@ -155,34 +155,37 @@ def _check_accountant(accountant: str) -> None:
         raise ValueError(f"accountant={accountant!r} is not one of {ACCOUNTANTS}")
 
 
+def _check_real(name: str, value: float, allowed: str, ok: Callable[[float], bool]) -> None:
+    """One-line ValueError unless ``value`` is a real number with ``ok(value)`` (``allowed`` says which)."""
+    if not (isinstance(value, numbers.Real) and ok(value)):
+        raise ValueError(f"{name}={value!r} is outside {allowed}")
+
+
 def _check_delta(delta: float) -> None:
-    if not (isinstance(delta, numbers.Real) and 0 < delta < 1):
-        raise ValueError(f"delta={delta!r} is outside (0, 1)")
+    _check_real("delta", delta, "(0, 1)", lambda d: 0 < d < 1)
 
 
-def _check_sampling_probability(q: float) -> None:
-    if not (isinstance(q, numbers.Real) and 0 < q <= 1):
-        raise ValueError(f"sampling_probability={q!r} is outside (0, 1]")
-
-
-def _check_noise_multiplier(sigma: float) -> None:
-    if not (isinstance(sigma, numbers.Real) and math.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"noise_multiplier={sigma!r} is outside (0, inf)")
-
-
-def _check_rounds(rounds: int) -> int:
+def _check_int(name: str, value: int | None, low: int, high: int | None = None) -> int:
     try:
-        r = operator.index(rounds)
+        v = operator.index(value)
     except TypeError:
-        raise ValueError(f"rounds={rounds!r} must be an integer ≥ 1") from None
-    if not 1 <= r <= _MAX_ROUNDS:
-        raise ValueError(f"rounds={rounds!r} is outside [1, {_MAX_ROUNDS:.0e}]")
-    return r
+        v = low - 1
+    if v < low:
+        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+    if high is not None and v > high:
+        raise ValueError(f"{name}={value!r} is outside [{low}, {high:.0e}]")
+    return v
 
 
-def _check_epsilon(name: str, eps: float) -> None:
-    if not (isinstance(eps, numbers.Real) and math.isfinite(eps) and eps > 0):
-        raise ValueError(f"{name}={eps!r} is outside (0, inf)")
+def _check_query(sigma_name: str, sigma: float, q: float, rounds: int, delta: float, sampling: str,
+                 accountant: str) -> int:
+    """Validate a compute_epsilon/calibrate_noise_multiplier query; the rounds as an int."""
+    _check_real(sigma_name, sigma, "(0, inf)", lambda x: 0 < x < math.inf)
+    _check_real("sampling_probability", q, "(0, 1]", lambda x: 0 < x <= 1)
+    rounds = _check_int("rounds", rounds, 1, _MAX_ROUNDS)
+    _check_delta(delta)
+    check_sampling_accountant(sampling, accountant)
+    return rounds
 
 
 def check_sampling_accountant(sampling: str, accountant: str) -> None:
@@ -194,16 +197,6 @@ def check_sampling_accountant(sampling: str, accountant: str) -> None:
     if accountant not in allowed:
         raise ValueError(f"accountant={accountant} cannot account sampling={sampling}: "
                          f"{UNSUPPORTED_PAIRS[sampling, accountant]}; allowed: accountant={'|'.join(allowed)}")
-
-
-def _check_count(name: str, value: int | None, low: int) -> int:
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name}={value!r} must be an integer >= {low}") from None
-    if v < low:
-        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
-    return v
 
 
 def sampled_gaussian_event(
@@ -225,8 +218,8 @@ def sampled_gaussian_event(
         raise ValueError(f"sampling={sampling!r} is not one of {tuple(SAMPLING_ACCOUNTANTS)}")
     if sampling == "poisson":
         return PoissonGaussianEvent(float(noise_multiplier), float(sampling_probability))
-    n = _check_count("num_clients", num_clients, 1)
-    k = _check_count("cohort_size", cohort_size, 1)
+    n = _check_int("num_clients", num_clients, 1)
+    k = _check_int("cohort_size", cohort_size, 1)
     if sampling == "fixed_size":
         if k > n:
             raise ValueError(f"cohort_size={k} is outside [1, num_clients={n}]")
@@ -239,42 +232,33 @@ def sampled_gaussian_event(
 
 # ------------------------------------------------------------------------------------------------ events
 def to_dp_event(event: Event) -> dp_accounting.DpEvent:
-    """Translate a fedrun event into the ``dp_accounting`` event it stands for."""
-    if isinstance(event, PoissonGaussianEvent):
-        if event.sampling_probability == 0:
-            return dp_accounting.NoOpDpEvent()
-        if event.noise_multiplier == 0:
-            return dp_accounting.NonPrivateDpEvent()
-        gaussian = dp_accounting.GaussianDpEvent(float(event.noise_multiplier))
-        if event.sampling_probability == 1:
-            return gaussian
-        return dp_accounting.PoissonSampledDpEvent(float(event.sampling_probability), gaussian)
+    """The ``dp_accounting`` event that a fedrun event stands for, made safe for dp_accounting's arithmetic: a
+    noise multiplier below ``_NEGLIGIBLE_NOISE_MULTIPLIER`` counts as no noise (ε = ∞, a valid bound;
+    dp_accounting's RDP overflows there and even returned ε = 0 at σ = 1e-154); a noise multiplier above
+    ``_HUGE_NOISE_MULTIPLIER`` and a Laplace scale 1/ε that overflows to ∞ are lowered to 1e100 and 1e300
+    (less noise than was added: still an upper bound; dp_accounting's PLD overflows at σ ≈ 1e154), and a
+    sampling probability above 1 − 1e-9 is raised to 1 (more sampling: still an upper bound; dp_accounting's
+    PLD breaks at 1 − q ≲ 1e-12)."""
+    if not isinstance(event, tuple(EVENT_TYPES.values())):
+        raise ValueError(f"event={event!r} is not one of {sorted(EVENT_TYPES)}")
+    if isinstance(event, LaplaceEvent):  # dp_accounting's Laplace noise_multiplier is scale / L1 sensitivity = 1/ε
+        scale = 1.0 / float(event.epsilon)
+        return dp_accounting.LaplaceDpEvent(min(scale, 1e300)) if scale > 0 else dp_accounting.NonPrivateDpEvent()
+    q = float(getattr(event, "sampling_probability", 1.0))
+    if q == 0 or getattr(event, "sample_size", 1) == 0 or getattr(event, "max_sample_size", 1) == 0:
+        return dp_accounting.NoOpDpEvent()
+    # fixed size, replace-one: one unit's clipped contribution (norm ≤ S) replaced by another moves the sum by ≤ 2S
+    sigma = float(event.noise_multiplier) / (2 if isinstance(event, FixedSizeGaussianEvent) else 1)
+    if sigma < _NEGLIGIBLE_NOISE_MULTIPLIER:
+        return dp_accounting.NonPrivateDpEvent()
+    gaussian = dp_accounting.GaussianDpEvent(min(sigma, _HUGE_NOISE_MULTIPLIER))
+    q = 1.0 if q > _ALMOST_ONE else q
     if isinstance(event, FixedSizeGaussianEvent):
-        if event.sample_size == 0:
-            return dp_accounting.NoOpDpEvent()
-        if event.noise_multiplier == 0:
-            return dp_accounting.NonPrivateDpEvent()
-        # replace-one: one unit's clipped contribution (norm ≤ S) replaced by another moves the sum by ≤ 2S
-        return dp_accounting.SampledWithoutReplacementDpEvent(
-            int(event.dataset_size), int(event.sample_size), dp_accounting.GaussianDpEvent(event.noise_multiplier / 2))
+        return dp_accounting.SampledWithoutReplacementDpEvent(int(event.dataset_size), int(event.sample_size), gaussian)
     if isinstance(event, TruncatedPoissonGaussianEvent):
-        if event.sampling_probability == 0 or event.max_sample_size == 0:
-            return dp_accounting.NoOpDpEvent()
-        if event.noise_multiplier == 0:
-            return dp_accounting.NonPrivateDpEvent()
         return dp_accounting.TruncatedSubsampledGaussianDpEvent(
-            int(event.dataset_size), float(event.sampling_probability), int(event.max_sample_size),
-            float(event.noise_multiplier))
-    if isinstance(event, GaussianEvent):
-        if event.noise_multiplier == 0:
-            return dp_accounting.NonPrivateDpEvent()
-        return dp_accounting.GaussianDpEvent(float(event.noise_multiplier))
-    if isinstance(event, LaplaceEvent):
-        if math.isinf(event.epsilon):
-            return dp_accounting.NonPrivateDpEvent()
-        # dp_accounting's Laplace noise_multiplier is scale / L1 sensitivity = 1/ε.
-        return dp_accounting.LaplaceDpEvent(1.0 / float(event.epsilon))
-    raise ValueError(f"event={event!r} is not one of {sorted(EVENT_TYPES)}")
+            int(event.dataset_size), q, int(event.max_sample_size), gaussian.noise_multiplier)
+    return gaussian if q == 1 else dp_accounting.PoissonSampledDpEvent(q, gaussian)
 
 
 _COUNT_FIELDS = ("dataset_size", "sample_size", "max_sample_size")
@@ -297,43 +281,6 @@ def event_from_dict(d: dict[str, Any]) -> Event:
     return EVENT_TYPES[name](**fields)
 
 
-def _accounting_event(event: Event) -> dp_accounting.DpEvent:
-    """``to_dp_event``, made safe for dp_accounting's arithmetic: a noise multiplier below
-    ``_NEGLIGIBLE_NOISE_MULTIPLIER`` counts as no noise (ε = ∞, a valid bound; dp_accounting's RDP
-    overflows there and even returned ε = 0 at σ = 1e-154); a noise multiplier above
-    ``_HUGE_NOISE_MULTIPLIER`` and a Laplace scale 1/ε that overflows to ∞ are lowered to 1e100 and 1e300
-    (less noise than was added: still an upper bound; dp_accounting's PLD overflows at σ ≈ 1e154), and a
-    sampling probability above 1 − 1e-9 is raised to 1 (more sampling: still an upper bound)."""
-    dp_event = to_dp_event(event)
-    if isinstance(dp_event, dp_accounting.LaplaceDpEvent) and not dp_event.noise_multiplier <= 1e300:
-        return dp_accounting.LaplaceDpEvent(1e300)
-    if isinstance(dp_event, dp_accounting.TruncatedSubsampledGaussianDpEvent):
-        if dp_event.noise_multiplier < _NEGLIGIBLE_NOISE_MULTIPLIER:
-            return dp_accounting.NonPrivateDpEvent()
-        q = 1.0 if dp_event.sampling_probability > _ALMOST_ONE else dp_event.sampling_probability
-        return dp_accounting.TruncatedSubsampledGaussianDpEvent(
-            dp_event.dataset_size, q, dp_event.truncated_batch_size,
-            min(dp_event.noise_multiplier, _HUGE_NOISE_MULTIPLIER))
-    if isinstance(dp_event, dp_accounting.SampledWithoutReplacementDpEvent):
-        sigma = dp_event.event.noise_multiplier
-        if sigma < _NEGLIGIBLE_NOISE_MULTIPLIER:
-            return dp_accounting.NonPrivateDpEvent()
-        return dp_accounting.SampledWithoutReplacementDpEvent(
-            dp_event.source_dataset_size, dp_event.sample_size,
-            dp_accounting.GaussianDpEvent(min(sigma, _HUGE_NOISE_MULTIPLIER)))
-    sampled = isinstance(dp_event, dp_accounting.PoissonSampledDpEvent)
-    inner = dp_event.event if sampled else dp_event
-    if not isinstance(inner, dp_accounting.GaussianDpEvent):
-        return dp_event
-    if inner.noise_multiplier < _NEGLIGIBLE_NOISE_MULTIPLIER:
-        return dp_accounting.NonPrivateDpEvent()
-    if inner.noise_multiplier > _HUGE_NOISE_MULTIPLIER:
-        inner = dp_accounting.GaussianDpEvent(_HUGE_NOISE_MULTIPLIER)
-    if sampled and dp_event.sampling_probability > _ALMOST_ONE:
-        return inner  # q = 1: ε only grows with q (dp_accounting's PLD breaks at 1 − q ≲ 1e-12)
-    return dp_accounting.PoissonSampledDpEvent(dp_event.sampling_probability, inner) if sampled else inner
-
-
 def _event_kinds(counts: dict[Event, int]) -> tuple[list[tuple[dp_accounting.DpEvent, int]], bool]:
     """``(kinds, non_private)``: the distinct dp_accounting events with their counts (no-ops dropped), and
     whether any event added no noise. Several Gaussian kinds (no subsampling) are merged exactly into one
@@ -342,7 +289,7 @@ def _event_kinds(counts: dict[Event, int]) -> tuple[list[tuple[dp_accounting.DpE
     merged: Counter[dp_accounting.DpEvent] = Counter()
     non_private = False
     for event, count in counts.items():
-        dp_event = _accounting_event(event)
+        dp_event = to_dp_event(event)
         if isinstance(dp_event, dp_accounting.NoOpDpEvent):
             continue
         if isinstance(dp_event, dp_accounting.NonPrivateDpEvent):
@@ -668,11 +615,8 @@ def compute_epsilon(
     ``"capped_poisson"`` (Poisson with q, at most ``cohort_size`` kept; add/remove-one, PLD only). A pair the
     accountants cannot do is a one-line ValueError.
     """
-    _check_noise_multiplier(noise_multiplier)
-    _check_sampling_probability(sampling_probability)
-    rounds = _check_rounds(rounds)
-    _check_delta(delta)
-    check_sampling_accountant(sampling, accountant)
+    rounds = _check_query("noise_multiplier", noise_multiplier, sampling_probability, rounds, delta, sampling,
+                          accountant)
     event = sampled_gaussian_event(noise_multiplier, sampling_probability, sampling=sampling,
                                    num_clients=num_clients, cohort_size=cohort_size)
     return _epsilon_of_counts({event: rounds}, delta, accountant)[0]
@@ -742,11 +686,7 @@ def calibrate_noise_multiplier(
     that only (0, δ)-DP meets it). Paper 000 calibrates σ so that ε ≤ 1 after T_cl rounds.
     ValueError when no σ in [1e-2, 1e6] reaches the target. Cost: RDP ~0.1–1 s (fixed-size ~1–4 s), PLD ~1–10 s.
     """
-    _check_epsilon("target_epsilon", target_epsilon)
-    _check_sampling_probability(sampling_probability)
-    rounds = _check_rounds(rounds)
-    _check_delta(delta)
-    check_sampling_accountant(sampling, accountant)
+    rounds = _check_query("target_epsilon", target_epsilon, sampling_probability, rounds, delta, sampling, accountant)
     sampled_gaussian_event(1.0, sampling_probability, sampling=sampling, num_clients=num_clients,
                            cohort_size=cohort_size)  # validates the cohort before any search
 
@@ -835,7 +775,7 @@ class PrivacyAccountant:
         """Compose one more event (one round). Events sampled without replacement (replace-one) and
         Poisson-sampled ones (add/remove-one) cannot be mixed: ValueError. An event RDP has no bound for (a
         capped Poisson sample) makes the running RDP ε ∞."""
-        dp_event = _accounting_event(event)  # validates the type
+        dp_event = to_dp_event(event)  # validates the type
         relation = _event_relation(dp_event)
         if relation is not None and self._relation is not None and relation != self._relation:
             raise ValueError(_MIXED_RELATIONS)
