@@ -56,10 +56,8 @@ q = 0.25 would ask numpy for 35.5 PiB).
   subsampled/Laplace events were composed, or when a release's loss is 0 in floating point (dp_accounting
   would self-compose its one-point grid T times, one by one). Which path was taken is logged (INFO) and
   kept in ``PrivacyAccountant.pld_info`` and ``summary()["pld_discretization"]`` (NaN: RDP stood in).
-* RDP costs ≤ ~1 s for any σ, q, T. dp_accounting's arithmetic breaks at the extremes (its RDP returned
-  ε = 0 at σ = 1e-154, q = 0.5; its PLD overflows at σ ≈ 1e154): noise multipliers below 1e-30 count as no
-  noise (ε = ∞), above 1e100 as 1e100, Laplace scales above 1e300 as 1e300 — less noise than was added, so
-  still upper bounds.
+* RDP costs ≤ ~1 s for any σ, q, T. Where dp_accounting's arithmetic breaks (σ < 1e-30 or > 1e100, Laplace
+  scales > 1e300), ``to_dp_event`` substitutes events with no less privacy loss: still upper bounds.
 * Gaussian releases without subsampling compose exactly into one Gaussian with σ = (Σ σᵢ⁻²)^(-1/2), so
   ``gaussian_composition_epsilon`` builds one grid whatever the number of distinct σᵢ.
 * ``calibrate_noise_multiplier`` makes a bounded number of such calls (≤ ~250 per accountant; 10–20 usually).
@@ -72,7 +70,7 @@ import math
 import numbers
 import operator
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 import dp_accounting
@@ -82,6 +80,7 @@ from dp_accounting import pld, rdp
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution, privacy_loss_mechanism
 from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import stats
 
 from fedrun.privacy.mechanisms import (
     EVENT_TYPES,
@@ -387,20 +386,10 @@ class PldPlan:
     grid_points: float
     reason: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "discretization": self.discretization,
-                "grid_points": self.grid_points, "reason": self.reason}
 
 
-def _single_pld(
-    dp_event: dp_accounting.DpEvent, count: int, interval: float
-) -> privacy_loss_distribution.PrivacyLossDistribution:
-    """The single-event PLD that ``PLDAccountant`` builds for ``count`` copies of ``dp_event`` (before
-    ``self_compose(count)``; Gaussian kinds fold the count into σ/√count as it does)."""
-    if isinstance(dp_event, dp_accounting.GaussianDpEvent):
-        return privacy_loss_distribution.from_gaussian_mechanism(
-            dp_event.noise_multiplier / math.sqrt(count), value_discretization_interval=interval,
-            neighboring_relation=_NEIGHBORS)
+def _single_pld(dp_event: dp_accounting.DpEvent, interval: float) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """The one-event PLD that ``PLDAccountant`` self-composes for a subsampled or Laplace kind."""
     if isinstance(dp_event, dp_accounting.PoissonSampledDpEvent):
         return privacy_loss_distribution.from_gaussian_mechanism(
             dp_event.event.noise_multiplier, value_discretization_interval=interval,
@@ -415,46 +404,28 @@ def _single_pld(
 
 def _loss_ranges(dp_event: dp_accounting.DpEvent, count: int) -> list[tuple[float, float]]:
     """Privacy-loss range of each grid (REMOVE, and ADD when asymmetric) dp_accounting builds for the kind —
-    its own ``connect_dots_bounds``, so the predicted grid size is exact; no grid is built."""
-    adjacency = privacy_loss_mechanism.AdjacencyType
+    its own ``connect_dots_bounds``, so the predicted grid size is exact; no grid is built. A capped Poisson
+    sample's grid mixes the Poisson-subsampled Gaussian (σ, q) with, when the cap can bind, a replace-one
+    subsampled Gaussian (σ/2, the conditional sampling probability): the quantities that dp_accounting's
+    ``from_truncated_subsampled_gaussian_mechanism`` computes."""
+    plm = privacy_loss_mechanism
     if isinstance(dp_event, dp_accounting.GaussianDpEvent):
-        losses = [privacy_loss_mechanism.GaussianPrivacyLoss(dp_event.noise_multiplier / math.sqrt(count))]
-    elif isinstance(dp_event, dp_accounting.PoissonSampledDpEvent):
-        losses = [privacy_loss_mechanism.GaussianPrivacyLoss(
-            dp_event.event.noise_multiplier, sampling_prob=dp_event.sampling_probability, adjacency_type=a)
-            for a in (adjacency.REMOVE, adjacency.ADD)]
-    elif isinstance(dp_event, dp_accounting.TruncatedSubsampledGaussianDpEvent):
-        return _truncated_loss_ranges(dp_event)
+        grids = [[plm.GaussianPrivacyLoss(dp_event.noise_multiplier / math.sqrt(count))]]
+    elif isinstance(dp_event, dp_accounting.LaplaceDpEvent):
+        grids = [[plm.LaplacePrivacyLoss(dp_event.noise_multiplier)]]
     else:
-        losses = [privacy_loss_mechanism.LaplacePrivacyLoss(dp_event.noise_multiplier)]
-    ranges = []
-    for loss in losses:
-        b = loss.connect_dots_bounds()
-        ranges.append((float(b.epsilon_lower), float(b.epsilon_upper)))
-    return ranges
-
-
-def _truncated_loss_ranges(dp_event: dp_accounting.TruncatedSubsampledGaussianDpEvent) -> list[tuple[float, float]]:
-    """Ranges (REMOVE, ADD) of dp_accounting's truncated-Poisson PLD: a mixture of the Poisson-subsampled Gaussian
-    (σ, q) and, when the cap can bind, a replace-one subsampled Gaussian (σ/2, the conditional sampling
-    probability) — the same quantities ``from_truncated_subsampled_gaussian_mechanism`` computes."""
-    from scipy import stats
-
-    adjacency = privacy_loss_mechanism.AdjacencyType
-    sigma, q = dp_event.noise_multiplier, dp_event.sampling_probability
-    n, cap = dp_event.dataset_size, dp_event.truncated_batch_size
-    ranges = []
-    for a in (adjacency.REMOVE, adjacency.ADD):
-        b = privacy_loss_mechanism.GaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=a).connect_dots_bounds()
-        ranges.append((float(b.epsilon_lower), float(b.epsilon_upper)))
-    truncation = stats.binom.sf(cap - 1, n - 1, q)
-    if truncation > 0:
-        q2 = stats.binom.sf(cap, n, q) * cap / truncation / n
-        b = privacy_loss_mechanism.GaussianPrivacyLoss(
-            sigma / 2, sampling_prob=q2, adjacency_type=adjacency.REPLACE).connect_dots_bounds()
-        lo2, hi2 = float(b.epsilon_lower), float(b.epsilon_upper)
-        ranges = [(min(lo, lo2), max(hi, hi2)) for lo, hi in ranges]
-    return ranges
+        capped = isinstance(dp_event, dp_accounting.TruncatedSubsampledGaussianDpEvent)
+        sigma = dp_event.noise_multiplier if capped else dp_event.event.noise_multiplier
+        q = dp_event.sampling_probability
+        grids = [[plm.GaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=a)]
+                 for a in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD)]
+        n, cap = (dp_event.dataset_size, dp_event.truncated_batch_size) if capped else (0, 0)
+        if capped and (truncation := stats.binom.sf(cap - 1, n - 1, q)) > 0:
+            q2 = stats.binom.sf(cap, n, q) * cap / truncation / n
+            for g in grids:
+                g.append(plm.GaussianPrivacyLoss(sigma / 2, sampling_prob=q2, adjacency_type=plm.AdjacencyType.REPLACE))
+    bounds = [[loss.connect_dots_bounds() for loss in g] for g in grids]
+    return [(float(min(b.epsilon_lower for b in g)), float(max(b.epsilon_upper for b in g))) for g in bounds]
 
 
 def _build_weight(dp_event: dp_accounting.DpEvent) -> float:
@@ -478,7 +449,7 @@ def _grid_shapes(
     probe_interval = max(interval, width / _PLD_PROBE_POINTS)
     if probe_interval > _PLD_MAX_DISCRETIZATION:
         return None
-    probe = _single_pld(dp_event, 1, probe_interval)
+    probe = _single_pld(dp_event, probe_interval)
     pmfs = [probe._pmf_remove] if probe._symmetric else [probe._pmf_remove, probe._pmf_add]  # noqa: SLF001
     shapes = []
     for (lo, hi), pmf in zip(ranges, pmfs):
@@ -769,7 +740,7 @@ class PrivacyAccountant:
         "discretization", "grid_points", "reason"}`` (None before any PLD ε, or when ε was trivially 0/∞)."""
         if self._pld_cache is None or self._pld_cache[2] is None:
             return None
-        return self._pld_cache[2].as_dict()
+        return asdict(self._pld_cache[2])
 
     def record(self, event: Event) -> None:
         """Compose one more event (one round). Events sampled without replacement (replace-one) and
