@@ -419,11 +419,13 @@ def _loss_ranges(dp_event: dp_accounting.DpEvent, count: int) -> list[tuple[floa
         q = dp_event.sampling_probability
         grids = [[plm.GaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=a)]
                  for a in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD)]
-        n, cap = (dp_event.dataset_size, dp_event.truncated_batch_size) if capped else (0, 0)
-        if capped and (truncation := stats.binom.sf(cap - 1, n - 1, q)) > 0:
-            q2 = stats.binom.sf(cap, n, q) * cap / truncation / n
-            for g in grids:
-                g.append(plm.GaussianPrivacyLoss(sigma / 2, sampling_prob=q2, adjacency_type=plm.AdjacencyType.REPLACE))
+        if capped:
+            n, cap = dp_event.dataset_size, dp_event.truncated_batch_size
+            truncation = stats.binom.sf(cap - 1, n - 1, q)
+            if truncation > 0:
+                q2 = stats.binom.sf(cap, n, q) * cap / truncation / n
+                replace = plm.GaussianPrivacyLoss(sigma / 2, sampling_prob=q2, adjacency_type=plm.AdjacencyType.REPLACE)
+                grids = [g + [replace] for g in grids]
     bounds = [[loss.connect_dots_bounds() for loss in g] for g in grids]
     return [(float(min(b.epsilon_lower for b in g)), float(max(b.epsilon_upper for b in g))) for g in bounds]
 
