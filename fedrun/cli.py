@@ -73,18 +73,80 @@ def _output_dir() -> Path:
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
+def check_overrides(overrides: list[str]) -> None:
+    """The command line's keys, before Hydra composes the config: a key that is no setting (``+key`` or not) and an
+    ``experiment=`` that is no preset (its group is optional: Hydra would run the defaults) are refused in one line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from fedrun.config import KNOBS, ConfigError, unknown_key
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors
+        return
+    groups = {p.name for p in Path(CONF_DIR).iterdir() if p.is_dir()} | {"hydra"}
+    presets = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
+    for o in parsed:
+        key = o.key_or_group.split("/")[0].split(".")[0]
+        if key not in KNOBS and key not in groups:
+            raise unknown_key(key, o.input_line.partition("=")[2])
+        values = [] if o.key_or_group != "experiment" or o.is_delete() else (
+            list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()])
+        bad = [v for v in values if v is not None and v not in presets]
+        if bad:
+            raise ConfigError(f"experiment={bad[0]} is not a preset; allowed: {', '.join(presets)} (conf/experiment/)")
+
+
+def check_given(cfg: DictConfig, given: set[str]) -> None:
+    """A budget given on the command line (``given``: the job's keys) for a run without DP is a contradiction that
+    dp=false would drop without a word; a preset's own ε (a table sweeping dp=true,false) is not given."""
+    from fedrun.config import ConfigError, _typed, dp_mode
+
+    if dp_mode(cfg.get("dp")) == "off":
+        for key in ("epsilon", "noise_multiplier"):
+            if key in given and cfg.get(key) is not None:
+                raise ConfigError(f"{key}={_typed(cfg[key])} with dp={_typed(cfg['dp'])}: a run without DP has no "
+                                  f"privacy budget; allowed: dp=true|local_laplace|local_gaussian with {key}, or "
+                                  f"dp=false without it")
+
+
+def _given() -> set[str]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    except ValueError:
+        return set()
+
+
+def main() -> None:
+    """The ``fedrun`` Hydra app (:func:`app`), its command line's keys checked first (:func:`check_overrides`)."""
+    from hydra._internal.utils import get_args_parser
+
+    from fedrun.config import ConfigError
+
+    try:
+        check_overrides(get_args_parser().parse_known_args(sys.argv[1:])[0].overrides)
+    except ConfigError as exc:
+        print(f"fedrun: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    app()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> float | None:
+def app(cfg: DictConfig) -> float | None:
     from fedrun.config import ConfigError
     from fedrun.data.dataset import DataIntegrityError, DataNotFoundError
     from fedrun.run import RunDiverged, RunInterrupted, run
+    from fedrun.privacy.cohort import CohortContractError
     from fedrun.simulation import SchemeContractError
 
     try:
+        check_given(cfg, _given())
         tracker = _tracker(cfg)
         summary = run(cfg, tracker=tracker, out_dir=_output_dir())
     except (ConfigError, DataNotFoundError, DataIntegrityError, ConnectionError, RunDiverged,
-            SchemeContractError) as exc:
+            SchemeContractError, CohortContractError) as exc:
         print(f"fedrun: error: {exc}", file=sys.stderr)
         if _multirun():  # Hydra marks the job failed, runs the sweep's other jobs, then exits with status 1
             raise JobFailed(f"fedrun: error: {exc}") from None

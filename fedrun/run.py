@@ -21,12 +21,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fedrun.comm import paper_cost_bits
-from fedrun.config import (ConfigError, RunConfig, check_partition, check_secagg_codec, resolve_defaults,
-                           resolve_rounds, typed, validate, validate_types)
+from fedrun.config import ConfigError, RunConfig, typed, validate, validate_types
 from fedrun.data import partition as partitioners
 from fedrun.data.sources import load_dataset
 from fedrun.models.flat import FlatParams
 from fedrun.models.nets import IMAGE_MODELS, build_model
+from fedrun.resolve import check_partition, check_secagg_codec, resolve_defaults, resolve_rounds
 from fedrun.rng import numpy_rng
 from fedrun.sampling import over_select
 from fedrun.schemes.transfer import FbFTL
@@ -124,7 +124,7 @@ def make_sampler(cfg: RunConfig, num_clients: int):
     """(``network=``'s profile or None, the sampler that draws the cohorts, its over-selection factor f, the report
     goal): with f > 1 the sampler draws f times the target cohort, and a round closes once ⌈target⌉ have reported."""
     sampler = _instantiate(cfg.sampler, num_clients=num_clients)
-    if cfg.network.get("name", "none") == "none":
+    if cfg.network["name"] == "none":
         return None, sampler, 1.0, None
     from fedrun.network import Profile
 
@@ -141,21 +141,20 @@ def make_deployment(cfg: RunConfig, profile, model, x_train, y_train, parts, spe
     field is sized once for the run, for the most summands a round can have: the largest cohort ``sampler`` (the one
     that draws, over-selected if it is) can select, at most the report goal, plus the audit's canaries."""
     sec = cfg.secagg
-    if profile is None and sec.get("name", "none") == "none":
+    if profile is None and sec.name == "none":
         return None
     from fedrun.deployment import Deployment, SecAggSettings, train_flops_per_sample
 
     cohort = sampler.max_cohort if sampler is not None else len(parts)
     cohort = min(cohort, report_goal) if report_goal is not None else cohort
     max_clients = cohort + cfg.audit_canaries
-    if sec.get("name", "none") != "none" and int(sec["bits"]) < max_clients.bit_length() + 1:
-        raise ConfigError(f"secagg.bits={sec['bits']} is too few for up to {cohort} clients a round (sampler="
+    if sec.name != "none" and sec.bits < max_clients.bit_length() + 1:
+        raise ConfigError(f"secagg.bits={sec.bits} is too few for up to {cohort} clients a round (sampler="
                           f"{sampler.name if sampler is not None else '?'}) and {cfg.audit_canaries} canaries in "
                           f"the field: need at least {max_clients.bit_length() + 1}")
 
-    settings = (SecAggSettings(sec["name"], int(sec["bits"]), float(sec["clip"]), float(sec["dropout"]),
-                               float(sec["corrupt"]))
-                if sec.get("name", "none") != "none" else None)
+    settings = (SecAggSettings(sec.name, sec.bits, sec.clip, sec.dropout, sec.corrupt) if sec.name != "none"
+                else None)
     sizes = np.array([len(p) for p in parts], dtype=np.float64)
     samples = spec.steps * (sizes if spec.mode == "gd" else np.minimum(spec.batch_size, sizes))
     flops = train_flops_per_sample(model, x_train[:1], y_train[:1], loss) if profile is not None else 0.0
@@ -247,8 +246,8 @@ def build(c: dict | RunConfig) -> Built:
                      clip_norm=cfg.local_clip, loss=loss, clip_mode=cfg.local_clip_mode, clip_ord=cfg.local_clip_ord)
     profile, sampler, factor, goal = make_sampler(cfg, len(parts))
     scheme = _instantiate({k: v for k, v in cfg.scheme.items() if k != "name"})
-    if cfg.secagg.get("name", "none") != "none":  # prepare() checked it; a typed config may not have been prepared
-        check_secagg_codec(cfg.secagg["name"], cfg.scheme_name, scheme)
+    if cfg.secagg.name != "none":  # prepare() checked it; a typed config may not have been prepared
+        check_secagg_codec(cfg.secagg.name, cfg.scheme_name, scheme)
     mode = cfg.dp
     client_dp = make_client_dp(cfg, sampler, factor, goal) if mode == "client" else None
     local_dp = None

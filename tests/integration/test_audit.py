@@ -77,9 +77,10 @@ def test_canaries_go_through_the_dp_sum_and_are_not_counted_as_uploads(fast_cfg)
 
 @pytest.mark.parametrize("extra,message", [
     (["dp=false"], "audit.canaries=400 audits client-level DP"),
-    (["audit.canaries=-1"], "audit.canaries=-1 must be an integer >= 0"),
-    (["audit.negative_control=true"], "audit.negative_control=true is not a run option"),
-    (["audit.confidence=1.5"], "audit.confidence=1.5 is outside (0, 1)"),
+    (["audit.canaries=-1"], "audit.canaries=-1 is not allowed; use 0 or an integer >= 2"),
+    (["audit.canaries=1"], "audit.canaries=1 is not allowed; use 0 or an integer >= 2"),
+    (["audit.negative_control=true"], "audit.negative_control=true is not allowed; use false: the audit's negative control"),
+    (["audit.confidence=1.5"], "audit.confidence=1.5 is not allowed; use a number in (0, 1)"),
 ])
 def test_bad_audit_settings_are_one_line_errors(fast_cfg, extra, message):
     from fedrun.run import prepare

@@ -39,15 +39,15 @@ def test_unknown_scheme_is_hydras_error_listing_the_schemes(tmp_path):
 
 
 BAD_VALUES = [
-    (["r=1.5"], "r=1.5 is outside (0, 1]"),
-    (["r=0"], "r=0 is outside (0, 1]"),
-    (["lr=0"], "lr=0 must be > 0"),
-    (["lr=-0.1"], "lr=-0.1 must be > 0"),
+    (["r=1.5"], "r=1.5 is not allowed; use a number in (0, 1]"),
+    (["r=0"], "r=0 is not allowed; use a number in (0, 1]"),
+    (["lr=0"], "lr=0 is not allowed; use a number > 0"),
+    (["lr=-0.1"], "lr=-0.1 is not allowed; use a number > 0"),
     (["sampler=uniform", "num_clients=10", "clients_per_round=20"], "clients_per_round=20 must be in [1, num_clients=10]"),
     (["dataset=mnist", "partition=writers"], "partition=writers is not available for dataset=mnist"),
     (["dp=maybe"], "dp='maybe' is not allowed"),
-    (["dp=true", "epsilon=1", "delta=2"], "delta=2 is outside (0, 1)"),
-    (["sample_rate=1.5"], "sample_rate=1.5 is outside (0, 1]"),
+    (["dp=true", "epsilon=1", "delta=2"], "delta=2 is not allowed; use a number in (0, 1)"),
+    (["sample_rate=1.5"], "sample_rate=1.5 is not allowed; use a number in (0, 1]"),
     (["dataset=lending_club", "model=lenet5"], "model=lenet5 does not fit dataset=lending_club"),
     # the allowed list is derived from the model registry (fedrun.models.nets.IMAGE_MODELS), every image model in it
     (["dataset=mnist", "model=lr"], "model=lr does not fit dataset=mnist (28×28 images); allowed: lenet5, "
@@ -66,7 +66,7 @@ def test_bad_value_one_clear_line_from_the_command(tmp_path, shared_data):
     p = fedrun(["r=1.5", "tracking=none", f"data_root={shared_data}"], tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("fedrun: error:")]
-    assert "r=1.5 is outside (0, 1]" in line
+    assert "r=1.5 is not allowed; use a number in (0, 1]" in line
 
 
 @pytest.mark.parametrize("args,message", BAD_VALUES)
@@ -195,7 +195,7 @@ def test_a_failed_job_fails_the_sweep_after_its_other_jobs(tmp_path, shared_data
     assert code == 1, err[-3000:]
     assert "Traceback" not in err and "Error executing job with overrides: ['r=1.5'" in err
     errors = [ln for ln in err.splitlines() if ln.startswith("fedrun: error:")]  # the job's, then Hydra's at the end
-    assert len(errors) == 2 and errors[0] == errors[1] and "r=1.5 is outside (0, 1]" in errors[0]
+    assert len(errors) == 2 and errors[0] == errors[1] and "r=1.5 is not allowed; use a number in (0, 1]" in errors[0]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("fedrun").experiment_id])
     assert {(r.data.tags.get("fedrun.kind"), r.info.status) for r in runs} == {("sweep", "FAILED"), ("run", "FINISHED")}

@@ -53,8 +53,8 @@ def test_dp_aggregate_is_clip_sum_noise_over_expected_clients(fast_cfg):
 @pytest.mark.parametrize("extra,message", [
     (["sampler=round_robin", "epsilon=1"], "dp=true needs a sampler that declares a participation law"),
     (["epsilon=1", "noise_multiplier=0.3"], "disagree"),
-    (["epsilon=0"], "epsilon=0 must be > 0"),
-    (["epsilon=-1"], "epsilon=-1 must be > 0"),
+    (["epsilon=0"], "epsilon=0 is not allowed; use a number > 0"),
+    (["epsilon=-1"], "epsilon=-1 is not allowed; use a number > 0"),
 ])
 def test_dp_config_errors(fast_cfg, extra, message):
     with pytest.raises(ConfigError, match=message):

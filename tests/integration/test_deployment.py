@@ -223,7 +223,7 @@ def test_secagg_crypto_and_round_trips_on_the_clock(fast_cfg):
 def test_secagg_refuses_a_codec_whose_instance_asks_for_a_second_exchange(fast_cfg):
     """HEAPRIX-exact sets ``queries`` on the instance (the class says False): refused in one line by prepare(),
     before any data is loaded; the one-exchange HEAPRIX is linear and accepted."""
-    from fedrun.config import check_secagg_codec
+    from fedrun.resolve import check_secagg_codec
     from fedrun.schemes.sketch import FedSketch
 
     heaprix = ["scheme=fedsketch", "scheme.unsketch=heaprix", "secagg=secagg", "secagg.clip=1", "data_root=/absent"]

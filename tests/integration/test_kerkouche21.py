@@ -36,7 +36,7 @@ def test_fl_cs_r005_dp_logs_accuracy_bytes_cost_and_epsilon(fast_cfg, tmp_path):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["scheme=fl_cs", "r=1.5"], r"r=1.5 is outside \(0, 1\]"),
+    (["scheme=fl_cs", "r=1.5"], r"r=1.5 is not allowed; use a number in \(0, 1\]"),
     (["scheme=fl_cs", "r=0.05", "scheme.chunks=0"], r"scheme.chunks=0; allowed: an integer P >= 1"),
     (["scheme=fl_cs", "r=0.00001", "scheme.chunks=4"], r"scheme.chunks=4 with r=1e-05 and n=114314: .*m=2"),
     (["scheme=fl_cs", "r=0.05", "scheme.solver=admm"], r"scheme.solver='admm' is unknown; allowed: fista, owlqn"),
@@ -71,7 +71,7 @@ def test_table3_sweep_covers_every_cell_with_its_clipping_norm():
     from omegaconf import OmegaConf
 
     from fedrun.checkpoint import config_hash
-    from fedrun.config import tuned_clipping_norm
+    from fedrun.resolve import tuned_clipping_norm
     from fedrun.run import prepare
 
     jobs = _sweep_jobs("kerkouche21_table3", seed="0")

@@ -156,7 +156,7 @@ class Pipeline:
 
 def accept(c: dict) -> Pipeline:
     """fedrun's edge on ``c``: raises ConfigError (or the builders' ValueError) where fedrun refuses it."""
-    from fedrun.config import check_secagg_codec
+    from fedrun.resolve import check_secagg_codec
     from fedrun.run import _instantiate, load, make_client_dp, make_sampler, prepare
 
     prepare(c)

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from fedrun.checkpoint import load_into, save_checkpoint
-from fedrun.config import ConfigError, resolve_server_opts
+from fedrun.config import ConfigError
+from fedrun.resolve import resolve_server_opts
 from fedrun.run import Built, LoopState
 from fedrun.sampling import UniformSampler
 from fedrun.schemes.dct import CompressiveSensingScheme, FreqScheme
@@ -144,8 +145,21 @@ def test_server_opts_on_is_refused_for_a_scheme_without_the_option() -> None:
         resolve_server_opts(_cfg("fedsketch", "on"), FedSketch)
     off = _cfg("fedsketch", "off")
     resolve_server_opts(off, FedSketch)  # nothing to turn off
-    with pytest.raises(ConfigError, match="server_opts='sometimes' is not allowed"):
-        resolve_server_opts(_cfg("fl_std", "sometimes"), FedAvg)
+
+
+def _typed_edge(**values) -> None:
+    """The config edge's type and range checks (fedrun.config.validate_types) on the default config with ``values``."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose
+    from fedrun.config import validate_types
+
+    validate_types({**OmegaConf.to_container(compose([]), resolve=True), **values})
+
+
+def test_an_unknown_server_opts_mode_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"^server_opts='sometimes' is not allowed; use paper\|on\|momentum\|off$"):
+        _typed_edge(server_opts="sometimes")
 
 
 # -- server_lr: η_g per server_opts mode and scheme (the tuned values of a comparison) --------------------------
@@ -172,13 +186,13 @@ def test_server_lr_number_applies_to_every_scheme_and_mode() -> None:
 
 
 @pytest.mark.parametrize("bad, message", [
-    (0, "server_lr=0 is not allowed"), (True, "server_lr=True is not allowed"),
-    ({"sometimes": {"fl_std": 1}}, "server_lr has key 'sometimes'"),
-    ({"on": 0.1}, "server_lr.on=0.1 is not allowed"),
-    ({"on": {"fl_std": -1.0}}, r"server_lr.on.fl_std=-1.0 is not allowed")])
+    (0, "server_lr=0 is not allowed; use a number > 0 or a table"), (True, "server_lr=true is not allowed"),
+    ({"sometimes": {"fl_std": 1}}, r"server_lr has key 'sometimes'; allowed: paper\|on\|momentum\|off$"),
+    ({"on": 0.1}, r"server_lr.on=0.1 is not allowed; use a table \{a string: a number > 0\}$"),
+    ({"on": {"fl_std": -1.0}}, r"server_lr.on.fl_std=-1.0 is not allowed; use a number > 0$")])
 def test_bad_server_lr_is_refused_in_one_line(bad, message) -> None:
     with pytest.raises(ConfigError, match=message):
-        resolve_server_opts(dict(_cfg("fl_std", "on"), server_lr=bad), FedAvg)
+        _typed_edge(server_lr=bad)
 
 
 def test_server_lr_is_hashed_as_the_value_the_scheme_runs_with() -> None:
