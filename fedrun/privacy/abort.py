@@ -160,15 +160,15 @@ def charge_abort(dp, cfg):
     from fedrun.network import Profile
 
     sec = cfg.secagg
-    if sec.get("name", "none") == "none":
+    if sec.name == "none":
         return dp
     profile = Profile.from_config(dict(cfg.network))
     if profile is not None and profile.deadline_s is not None:
-        raise ValueError(f"secagg={sec['name']} under dp=true with network.deadline_s={profile.deadline_s}: the abort "
+        raise ValueError(f"secagg={sec.name} under dp=true with network.deadline_s={profile.deadline_s}: the abort "
                          f"bit is accounted for independent dropouts only; allowed: network.deadline_s=null")
     availability = profile.availability if profile is not None else None
-    eps0, tv = abort_cost(dp.sampling, dp.num_clients, protocol=sec["name"], dropout=float(sec["dropout"]),
-                          corrupt=float(sec["corrupt"]), availability=availability,
+    eps0, tv = abort_cost(dp.sampling, dp.num_clients, protocol=sec.name, dropout=float(sec.dropout),
+                          corrupt=float(sec.corrupt), availability=availability,
                           sampling_probability=dp.sampling_probability, cohort_size=dp.cohort_size,
                           groups=dp.schema[1] if dp.schema is not None else None)
     if eps0 == 0:
@@ -196,9 +196,9 @@ def charge_abort(dp, cfg):
         raise ValueError(f"noise_multiplier={dp.noise_multiplier} and epsilon={target} disagree once secagg's abort "
                          f"bit is accounted (ε_abort = {eps0:.4g} per round): ε = {eps:.4g}; give only one")
     if not eps <= (1 + ABORT_SHARE) * without:
-        raise ValueError(f"secagg={sec['name']}: its abort bit (ε_abort = {eps0:.4g} per round; sampling="
+        raise ValueError(f"secagg={sec.name}: its abort bit (ε_abort = {eps0:.4g} per round; sampling="
                          f"{dp.sampling}, num_clients={dp.num_clients}, availability={availability}, dropout="
-                         f"{sec['dropout']}) raises ε after {rounds} rounds from {without:.4g} to {eps:.4g}; allowed: "
+                         f"{sec.dropout}) raises ε after {rounds} rounds from {without:.4g} to {eps:.4g}; allowed: "
                          f"at most {ABORT_SHARE:.0%} more (larger cohorts, fewer rounds or more available clients)")
     _log.info(f"secagg abort bit: ε_abort = {eps0:.4g} per round, {how}: ε = {eps:.4g} after {rounds} rounds "
               f"({without:.4g} without it, σ = {dp.noise_multiplier:.4g})")
