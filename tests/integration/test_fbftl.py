@@ -373,7 +373,7 @@ def test_ci_sized_comparison_table_from_mlflow(env, tmp_path):
     from fedrun.export import export
     from fedrun.export import mlflow_records
     from fedrun.reports import fbftl
-    from fedrun.reports.common import Export, markers
+    from fedrun.reports.common import README, Export, markers
     from fedrun.tracking import MlflowTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -384,7 +384,8 @@ def test_ci_sized_comparison_table_from_mlflow(env, tmp_path):
     (root / "results" / "fbftl").mkdir(parents=True)
     shutil.copy(REPO / "results" / "fbftl" / "table.template.md", root / "results" / "fbftl" / "table.template.md")
     start, end = markers("fbftl")
-    (root / "README.md").write_text(f"# A README\n{start}\n{end}\n")
+    (root / README).parent.mkdir(parents=True, exist_ok=True)   # the claims file (docs/results.md, with its folder)
+    (root / README).write_text(f"# A README\n{start}\n{end}\n")
     # the runs come from this checkout, which may have uncommitted changes
     _, _, n = export(uri, ["fbftl-ci"], root / "results" / "fbftl" / "runs", allow_dirty=True)
     assert n == 4
@@ -393,7 +394,7 @@ def test_ci_sized_comparison_table_from_mlflow(env, tmp_path):
     assert fbftl.table(root, exports, rounds=ROUNDS) == files   # the same export gives the same files
     text = files[Path("results/fbftl/table.md")].decode()
     assert "Runs: 4 in the export `results/fbftl/runs/fbftl-ci.runs.csv.gz`; 4 in the tables" in text
-    assert "<!-- claims: fbftl" in files[Path("README.md")].decode()
+    assert "<!-- claims: fbftl" in files[Path(README)].decode()
     rows = {ln.split("|")[2].strip(): [x.strip() for x in ln.split("|")[1:-1]]
             for ln in text.split("## Test accuracy")[0].splitlines() if ln.startswith("| FEMNIST |")}
     assert list(rows) == ["FL", "FTL-full", "FTL-c", "FbFTL"]

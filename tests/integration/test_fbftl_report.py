@@ -9,6 +9,7 @@ their places under results/fbftl/); its cells, claims and README block are check
 
 from __future__ import annotations
 
+import posixpath
 import random
 import shutil
 from pathlib import Path
@@ -20,9 +21,14 @@ from omegaconf import OmegaConf
 from fedrun import export as ex
 from fedrun.report import main
 from fedrun.reports import REPORTS, fbftl
-from fedrun.reports.common import markers
+from fedrun.reports.common import README, markers
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def link(path: str) -> str:
+    """``path`` (relative to the repository) as the claims file links it: relative to the claims file's folder."""
+    return posixpath.relpath(path, posixpath.dirname(README) or ".")
 PAIRS = {"fbftl-femnist-mnist": ("femnist", "mnist"), "fbftl-mnist-fashion": ("mnist", "fashion_mnist")}
 ACC = {("mnist", "fl"): 0.9561, ("mnist", "ftl_full"): 0.9568, ("mnist", "ftl_c"): 0.7848, ("mnist", "fbftl"): 0.8643,
        ("fashion_mnist", "fl"): 0.7625, ("fashion_mnist", "ftl_full"): 0.8015, ("fashion_mnist", "ftl_c"): 0.6840,
@@ -117,14 +123,15 @@ def _synthetic_exports(root: Path) -> None:
 
 
 def _root(tmp_path: Path) -> Path:
-    """A repository-like folder: the exports under results/fbftl/runs/ (as committed) and a README.md with the
-    report's claims block."""
+    """A repository-like folder: the exports under results/fbftl/runs/ (as committed) and the claims file
+    (``fedrun.reports.common.README``) with the report's claims block."""
     root = tmp_path / "repo"
     (root / "results" / "fbftl").mkdir(parents=True)
     for f in ("table.template.md", "claims.csv", "paper_numbers.csv"):   # text, quotes, numbers
         shutil.copy(REPO / "results" / "fbftl" / f, root / "results" / "fbftl")
     start, end = markers("fbftl")
-    (root / "README.md").write_text(f"# A README\n\n- **003 (FbFTL)**: text.\n{start}\n{end}\n\nThe end.\n")
+    (root / README).parent.mkdir(parents=True, exist_ok=True)   # the claims file (docs/results.md, with its folder)
+    (root / README).write_text(f"# A README\n\n- **003 (FbFTL)**: text.\n{start}\n{end}\n\nThe end.\n")
     _synthetic_exports(root)
     return root
 
@@ -180,11 +187,11 @@ def test_fbftl_report_from_a_synthetic_export(tmp_path, capsys):
             "server epochs on all samples, not the same training) [target Fashion-MNIST]: **not met** — FbFTL 0.757") in md
     assert "- S13. FbFTL's final test accuracy is below FTL-full's [target Fashion-MNIST]: **met**" in md
     assert "- S14. FTL-full's final test accuracy is above FL's [target MNIST]: **inconclusive**" in md
-    # README.md's block: the same verdicts
-    text = (root / "README.md").read_text()
+    # the claims file's block: the same verdicts
+    text = (root / README).read_text()
     assert text.startswith("# A README\n\n- **003 (FbFTL)**: text.\n") and text.endswith("\n\nThe end.\n")
     line = "- S13. FbFTL's final test accuracy is below FTL-full's [target Fashion-MNIST] [secondary]: **met**"
-    assert line + "\n" in text and "Claims checked by [table.md](results/fbftl/table.md)" in text
+    assert line + "\n" in text and f"Claims checked by [table.md]({link('results/fbftl/table.md')})" in text
     capsys.readouterr()
     assert main(["fbftl", "--root", str(root), "--check"]) == 0
     assert "up to date" in capsys.readouterr().out

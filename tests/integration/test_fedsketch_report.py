@@ -11,6 +11,7 @@ block; ``--check`` passes on what it wrote. No MLflow, no training (seconds).
 from __future__ import annotations
 
 import copy
+import posixpath
 import random
 import re
 import shutil
@@ -21,9 +22,14 @@ import pytest
 from fedrun import export as ex
 from fedrun.report import main
 from fedrun.reports import REPORTS
-from fedrun.reports.common import markers
+from fedrun.reports.common import README, markers
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def link(path: str) -> str:
+    """``path`` (relative to the repository) as the claims file links it: relative to the claims file's folder."""
+    return posixpath.relpath(path, posixpath.dirname(README) or ".")
 COMMITTED = [REPO / "results" / "fedsketch" / "runs" / f"fedsketch-{split}" for split in ("homogeneous", "heterogeneous")]
 D = 61706  # LeNet-5's parameters (tag fedrun.num_parameters)
 SEEDS = (0, 1, 2)
@@ -153,7 +159,8 @@ def _root(tmp_path: Path, splits=("homogeneous", "heterogeneous")) -> Path:
     for f in ("figures.template.md", "claims.csv", "paper_numbers.csv"):   # text, quotes, numbers
         shutil.copy(REPO / "results" / "fedsketch" / f, root / "results" / "fedsketch")
     start, end = markers("fedsketch")
-    (root / "README.md").write_text(f"# README\n\n- **002 (FedSKETCH)**: text.\n\n{start}\n{end}\n\nThe end.\n")
+    (root / README).parent.mkdir(parents=True, exist_ok=True)   # the claims file (docs/results.md, with its folder)
+    (root / README).write_text(f"# README\n\n- **002 (FedSKETCH)**: text.\n\n{start}\n{end}\n\nThe end.\n")
     runs, points = _synthetic_runs(random.Random(0))
     for split in splits:
         experiment = f"fedsketch-{split}"
@@ -227,11 +234,11 @@ def test_the_report_builds_both_figures_tables_and_claims_from_the_exports(tmp_p
     assert ("| (20, 40) | uplink compression against the float32 update (measured) | 75× | line 193 (\"these two "
             "choices of sketch size correspond to a 75× and 12× compression ratio\") | read (stated) |") in md
 
-    # README.md's block: the same verdicts
-    text = (root / "README.md").read_text()
+    # the claims file's block: the same verdicts
+    text = (root / README).read_text()
     line = next(x for x in claims.splitlines() if x.startswith("- S24. more local steps hurt"))
     assert line.split(": **")[0] + " [secondary]: **not met**\n" in text   # verdict only (the numbers stay there)
-    assert "Claims checked by [figures.md](results/fedsketch/figures.md)" in text
+    assert f"Claims checked by [figures.md]({link('results/fedsketch/figures.md')})" in text
     assert text.count("\n- ") == 55 + 1  # every claim line, and the README's own item
     assert text.startswith("# README\n\n- **002 (FedSKETCH)**: text.\n\n") and text.endswith("\n\nThe end.\n")
 
@@ -254,7 +261,7 @@ def test_the_report_names_its_two_sweeps_and_every_claim_quotes_the_paper():
     assert [(e.path, e.experiment, e.every) for e in REPORTS["fedsketch"][1]] == [
         ("results/fedsketch/runs/fedsketch-homogeneous", "fedsketch-homogeneous", 10),
         ("results/fedsketch/runs/fedsketch-heterogeneous", "fedsketch-heterogeneous", 10)]
-    assert (REPO / "README.md").read_text().count(markers("fedsketch")[0]) == 1
+    assert (REPO / README).read_text().count(markers("fedsketch")[0]) == 1
     claims = (REPO / "results" / "fedsketch" / "figures.md").read_text().split("## The claims")[1]
     for line in claims.split("## The paper's numbers")[0].splitlines():
         if line.startswith("- "):  # every claim quotes the paper and says where

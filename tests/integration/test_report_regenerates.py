@@ -1,9 +1,9 @@
 """Every committed results table and figure regenerates byte-identically from its committed run export alone.
 
 For each report of :data:`fedrun.reports.REPORTS` (``python -m fedrun.report <name>``), its files are built again (no
-MLflow) and compared with the committed ones, README.md's claims blocks included. The same mechanism is then checked
+MLflow) and compared with the committed ones, the claims blocks of docs/results.md included. The same mechanism is then checked
 end to end on a synthetic Table III export in a temporary repository: generated twice it gives the same bytes;
-``--check`` passes, and fails once a value of the export or a README verdict changes. Last, the order the registries
+``--check`` passes, and fails once a value of the export or a verdict in the claims file changes. Last, the order the registries
 promise: every run judging a claim registered before its runs started after the commit that registered it.
 """
 
@@ -14,6 +14,7 @@ import functools
 import io
 import math
 import os
+import posixpath
 import random
 import re
 import shutil
@@ -26,9 +27,14 @@ import pytest
 from fedrun import export as ex
 from fedrun.report import main, report_files
 from fedrun.reports import REPORTS, common
-from fedrun.reports.common import markers
+from fedrun.reports.common import README, markers
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def link(path: str) -> str:
+    """``path`` (relative to the repository) as the claims file links it: relative to the claims file's folder."""
+    return posixpath.relpath(path, posixpath.dirname(README) or ".")
 
 
 _MIXED: dict[str, dict] = {}
@@ -61,11 +67,11 @@ def test_no_cell_pools_two_configurations(name):
     assert not _MIXED[name]
 
 
-def test_every_claims_block_of_the_readme_is_a_report_that_writes_it():
-    text = (REPO / "README.md").read_text()
+def test_every_claims_block_of_the_claims_file_is_a_report_that_writes_it():
+    text = (REPO / README).read_text()
     names = re.findall(r"<!-- claims: (\S+) \(generated", text)
     assert names and len(set(names)) == len(names)
-    assert sorted(names) == sorted(n for n in REPORTS if Path("README.md") in _files(n))
+    assert sorted(names) == sorted(n for n in REPORTS if Path(README) in _files(n))
 
 
 # ------------------------------------------------------------------------- a synthetic Table III, end to end
@@ -122,7 +128,7 @@ def _synthetic_table3(prefix: Path, seeds=(0, 1, 2), rounds: int = 30) -> None:
 
 def _root_with_table3(tmp_path: Path) -> Path:
     """A repository-like folder: a synthetic Table III export at its place, the report's text (its template, ending
-    in hand-written notes), the paper's words and numbers and a README with the block."""
+    in hand-written notes), the paper's words and numbers and the claims file with the block."""
     root = tmp_path / "repo"
     _synthetic_table3(root / "results" / "kerkouche21" / "runs" / "kerkouche21-table3")
     text = (REPO / "results" / "kerkouche21" / "table3.template.md").read_text()
@@ -132,7 +138,8 @@ def _root_with_table3(tmp_path: Path) -> Path:
     (root / "conf" / "experiment").mkdir(parents=True)  # the design's η_g (server_lr)
     shutil.copy(REPO / "conf" / "experiment" / "kerkouche21_table3.yaml", root / "conf" / "experiment")
     start, end = markers("kerkouche21_table3")
-    (root / "README.md").write_text(f"# A README\n\nWhat held:\n\n{start}\nold verdicts\n{end}\n\nThe end.\n")
+    (root / README).parent.mkdir(parents=True, exist_ok=True)   # the claims file (docs/results.md, with its folder)
+    (root / README).write_text(f"# A README\n\nWhat held:\n\n{start}\nold verdicts\n{end}\n\nThe end.\n")
     return root
 
 
@@ -179,25 +186,25 @@ def test_check_notices_a_changed_export_and_out_writes_elsewhere(tmp_path, capsy
 
 
 def test_readme_verdicts_are_the_claims_and_check_catches_a_hand_edit(tmp_path, capsys):
-    """README.md's claims block is generated from the same claims as the report; a verdict edited by hand, or a
-    missing block, is caught."""
+    """The claims file's block (docs/results.md) is generated from the same claims as the report; a verdict edited by
+    hand, or a missing block, is caught."""
     root = _root_with_table3(tmp_path)
     assert main(["kerkouche21_table3", "--root", str(root)]) == 0
-    text = (root / "README.md").read_text()
+    text = (root / README).read_text()
     md = (root / "results" / "kerkouche21" / "table3.md").read_text()
     assert text.startswith("# A README\n\nWhat held:\n\n") and text.endswith("\n\nThe end.\n")
-    assert "old verdicts" not in text and "Claims checked by [table3.md](results/kerkouche21/table3.md)" in text
+    assert "old verdicts" not in text and f"Claims checked by [table3.md]({link('results/kerkouche21/table3.md')})" in text
     line = "- S3. FL-CS outperforms FL-RND and FL-FREQ without DP at r = 0.1 [server options off]"
     assert line + " [secondary]: **met**\n" in text and line + ": **met** — " in md  # the same verdict in both
     assert text.count("\n- ") == md.split("## The claims")[1].split("\n## ")[0].count("\n- ")
     assert main(["kerkouche21_table3", "--root", str(root), "--check"]) == 0
-    (root / "README.md").write_text(text.replace(line + " [secondary]: **met**", line + " [secondary]: **not met**"))
+    (root / README).write_text(text.replace(line + " [secondary]: **met**", line + " [secondary]: **not met**"))
     assert main(["kerkouche21_table3", "--root", str(root), "--check"]) == 1
-    assert "README.md differs from what the export gives" in capsys.readouterr().err
-    (root / "README.md").write_text("# A README without the block\n")
+    assert f"{README} differs from what the export gives" in capsys.readouterr().err
+    (root / README).write_text("# A README without the block\n")
     assert main(["kerkouche21_table3", "--root", str(root)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "README.md has no claims block for kerkouche21_table3" in err and "\n" not in err
+    assert f"{README} has no claims block for kerkouche21_table3" in err and "\n" not in err
 
 
 def test_a_missing_export_or_an_unknown_report_is_one_line(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""The scheme contract (README "Adding a scheme"), checked for every scheme config in conf/scheme/ (discovered).
+"""The scheme contract (docs/extending.md, "Adding a scheme"), checked for every scheme config in conf/scheme/ (discovered).
 
 For each scheme: its class declares ``dp_modes`` ⊆ {off, client, local} with "off" in it. Two rounds built by
 ``fedrun.run.build`` and driven by the runner's own loop (``run_rounds``) record uplink bytes equal to the sum of the messages the scheme handed the ledger, at least one
@@ -8,7 +8,7 @@ scheme's ``payload_dim`` and with no more non-zero values than were sent; the gl
 For each DP mode the scheme declares, the same two rounds run with that mode (and the same checks) and record one
 accountant event per round (client) or one noised upload per uploaded row (local); each mode it does not declare
 is refused by ``prepare()`` and ``build()``, before any data is loaded, in one line naming the scheme and the
-modes it takes. README's top-k example is the tested file.
+modes it takes. docs/extending.md's top-k example is the tested file.
 
 Everything runs on the first 40 MNIST training images (LeNet-5, 4 clients, one local step)."""
 
@@ -278,8 +278,8 @@ def _refusal_from_build(c: dict, monkeypatch) -> str:
 
 
 def test_readme_example_is_the_tested_scheme():
-    """README's "Adding a scheme" shows fedrun/schemes/topk.py's class as it is (the file this module tests)."""
-    readme = Path(REPO, "README.md").read_text()
+    """docs/extending.md's "Adding a scheme" shows fedrun/schemes/topk.py's class as it is (the file this module tests)."""
+    readme = Path(REPO, "docs", "extending.md").read_text()
     shown = "class TopK(Scheme):" + readme.split("```python\nclass TopK(Scheme):", 1)[1].split("```", 1)[0]
     source = Path(REPO, "fedrun", "schemes", "topk.py").read_text()
     assert shown.strip() == source[source.index("class TopK(Scheme):"):].strip()

@@ -18,7 +18,7 @@ import torch
 from fedrun.export import export
 from fedrun.export import mlflow_records
 from fedrun.reports import fbftl
-from fedrun.reports.common import Export, markers
+from fedrun.reports.common import README, Export, markers
 from fedrun.run import run
 from fedrun.tracking import MlflowTracker
 
@@ -60,7 +60,8 @@ def test_mnist_to_fashion_claims(shared_data, tmp_path, monkeypatch):
     (root / "results" / "fbftl").mkdir(parents=True)
     shutil.copy(REPO / "results" / "fbftl" / "table.template.md", root / "results" / "fbftl" / "table.template.md")
     start, end = markers("fbftl")
-    (root / "README.md").write_text(f"# A README\n{start}\n{end}\n")
+    (root / README).parent.mkdir(parents=True, exist_ok=True)   # the claims file (docs/results.md, with its folder)
+    (root / README).write_text(f"# A README\n{start}\n{end}\n")
     # the runs come from this checkout, which may have uncommitted changes
     export(uri, ["fbftl-repro"], root / "results" / "fbftl" / "runs", every=5, allow_dirty=True)
     exports = (Export("results/fbftl/runs/fbftl-repro", "fbftl-repro", every=5),)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedrun.report import main as report
-from fedrun.reports.common import markers
+from fedrun.reports.common import README, markers
 from fedrun.run import run
 from fedrun.tracking import MlflowTracker
 
@@ -49,7 +49,8 @@ def test_ci_sized_figures_and_tables(shared_data, tmp_path):
     shutil.copy(REPO / "results" / "fedsketch" / "figures.template.md",
                 root / "results" / "fedsketch" / "figures.template.md")
     start, end = markers("fedsketch")
-    (root / "README.md").write_text(f"# A README\n{start}\n{end}\n")
+    (root / README).parent.mkdir(parents=True, exist_ok=True)   # the claims file (docs/results.md, with its folder)
+    (root / README).write_text(f"# A README\n{start}\n{end}\n")
     # the runs come from this checkout, which may have uncommitted changes
     assert report(["fedsketch", "--root", str(root), "--export", "--uri", uri, "--allow-dirty"]) == 0
     out = root / "results" / "fedsketch"

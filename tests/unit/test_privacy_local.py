@@ -68,7 +68,7 @@ def test_default_sensitivity_is_the_proven_one():
 
 
 def test_paper_formulas():
-    """The README's inferred formulas: b = 2ζηE·T_l/(n_l·ε); σ = (2ζηE/n_l)·√(2·T_l·ln(1.25/δ))/ε."""
+    """Paper 001's formulas as inferred (its noise law): b = 2ζηE·T_l/(n_l·ε); σ = (2ζηE/n_l)·√(2·T_l·ln(1.25/δ))/ε."""
     z, eta, e, t_l, n, eps, delta = 150.0, 0.01, 2, 10, 100, 1.0, 1e-4
     assert laplace_scale(z, eta, e, t_l, n, eps, nonexpansive=True) == pytest.approx(2 * z * eta * e * t_l / (n * eps))
     assert gaussian_std(z, eta, e, t_l, n, eps, delta, nonexpansive=True) == pytest.approx(
