@@ -8,6 +8,7 @@ import io
 import itertools
 import json
 import math
+import os
 import re
 import sys
 from collections import namedtuple
@@ -25,7 +26,8 @@ FAMILY: dict[str, list[float]] | None = {}
 MET, NOT_MET, OPEN = "met", "not met", "inconclusive"
 #: the verdicts of a claim decided without a test (counted bytes): listed, never counted as met
 TRUE_BY_CONSTRUCTION, FALSE_BY_CONSTRUCTION = "true by construction", "false by construction"
-README = "README.md"
+#: the file holding every report's claims block (its links are relative to its folder)
+README = "docs/results.md"
 
 
 #: a committed export (``<path>.runs.csv.gz`` + ``.metrics.csv.gz``) and how ``--export`` makes it again
@@ -618,7 +620,8 @@ class Report:
             path = self.root / README
             if not path.exists():
                 raise ValueError(f"{path} not found: the claims of {self.name} go into its claims block")
-            head = (f"Claims checked by [{Path(self.output).name}]({self.output}) (registered in its folder's "
+            link = os.path.relpath(self.output, os.path.dirname(README) or ".").replace(os.sep, "/")
+            head = (f"Claims checked by [{Path(self.output).name}]({link}) (registered in its folder's "
                     f"claims.csv; Welch t per comparison, each direction at α/2, Holm within the paper's primary and "
                     f"secondary families at α = {stats.ALPHA:g}; the numbers are there):")
             body = "\n".join([head] + [f"- {c.text} [{c.family}]: **{v}**" for c, (v, _) in zip(claims, verdicts)])

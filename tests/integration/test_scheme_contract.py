@@ -283,3 +283,12 @@ def test_readme_example_is_the_tested_scheme():
     shown = "class TopK(Scheme):" + readme.split("```python\nclass TopK(Scheme):", 1)[1].split("```", 1)[0]
     source = Path(REPO, "fedrun", "schemes", "topk.py").read_text()
     assert shown.strip() == source[source.index("class TopK(Scheme):"):].strip()
+
+
+def test_the_error_feedback_example_is_the_shipped_scheme():
+    """docs/extending.md's error-feedback codec and its YAML are fedrun/schemes/topk_ef.py and conf/scheme/topk_ef.yaml
+    as they are (the scheme the contract and neighbour tests run)."""
+    doc = Path(REPO, "docs", "extending.md").read_text()
+    for path, fence in (("fedrun/schemes/topk_ef.py", "```python\n"), ("conf/scheme/topk_ef.yaml", "```yaml\n")):
+        shown = doc.split(f"`{path}`", 1)[1].split(fence, 1)[1].split("```", 1)[0]
+        assert shown == Path(REPO, path).read_text(), path
