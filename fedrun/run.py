@@ -394,32 +394,6 @@ class RunInterrupted(KeyboardInterrupt):
         self.round, self.out_dir = rnd, out_dir
 
 
-def epsilons(sim: Simulation, last: bool = False) -> dict[str, float]:
-    """ε spent so far: ``epsilon`` from the configured accountant; with client-level DP also ``epsilon_rdp``
-    (a running RDP curve: ~0.1 ms a round) and ``epsilon_pld`` (a PLD composition, 1–3 s on a 2-core CPU: every
-    round when PLD is the configured accountant, else at the ``last`` round only, beside the summary's)."""
-    eps = sim.epsilon()
-    if eps is None:
-        return {}
-    out = {"epsilon": eps}
-    if sim.client_dp is not None:
-        configured = sim.client_dp.accountant
-        out["epsilon_rdp"] = eps if configured == "rdp" else sim.epsilon("rdp")
-        if configured == "pld":
-            out["epsilon_pld"] = eps
-        elif last and pld_accounts(sim.client_dp):
-            out["epsilon_pld"] = sim.epsilon("pld")
-    return out
-
-
-def pld_accounts(dp) -> bool:
-    """Whether the PLD accountant has an event for the cohorts' sampling (not for a fixed-size cohort: there the
-    accountant's "PLD" ε would be its RDP stand-in, so no ``epsilon_pld`` is reported)."""
-    from fedrun.privacy.accounting import SAMPLING_ACCOUNTANTS
-
-    return "pld" in SAMPLING_ACCOUNTANTS[dp.sampling]
-
-
 def _key_metric(built: Built) -> str:
     return "test_accuracy" if built.info["task"] == "classification" else "test_mse"
 
@@ -443,7 +417,7 @@ def round_metrics(built: Built, rnd: int, loop: LoopState) -> dict[str, float]:
     metrics.update(sim.ledger.metrics())
     metrics["cost_bits"] = paper_cost_bits(sim.scheme.compression_ratio, sim.n, rnd, sim.sampler.fraction)
     evaluated = rnd % cfg.eval_every == 0 or rnd == cfg.rounds
-    metrics.update(epsilons(sim, last=rnd == cfg.rounds))
+    metrics.update(sim.privatizer.epsilons(last=rnd == cfg.rounds))
     if "epsilon" in metrics:
         metrics.update(sim.privatizer.diagnostics)
     metrics["round_seconds"] = time.perf_counter() - t0
@@ -622,35 +596,14 @@ def run(cfg: DictConfig | dict, tracker=None, out_dir: str | Path | None = None)
         if CheckpointSchedule(cfg.checkpoint_every).enabled:
             tracker.set_tags({"fedrun.checkpoint": str((out / CHECKPOINT).resolve()),
                               "fedrun.run_dir": str(out.resolve())})
-    if built.sim.client_dp is not None:
-        dp = built.sim.client_dp
-        tracker.set_tags({"dp.mechanism": f"{dp.sampling}_subsampled_gaussian" if dp.schema is None else
-                          f"{dp.noise}_matrix_factorization_gaussian", "dp.noise_multiplier": f"{dp.noise_multiplier:.6g}",
-                          "dp.sampling_probability": dp.sampling_probability, "dp.clipping_norm": dp.clipping_norm,
-                          "dp.delta": dp.delta, "dp.accountant": dp.accountant,
-                          **({} if dp.schema is None else {"dp.schema": f"k={dp.schema[0]} b={dp.schema[1]}",
-                                                            "dp.sensitivity": f"{dp.sensitivities[-1]:.6g}"})})
-    if built.sim.local_dp is not None:
-        tracker.set_tags(built.sim.local_dp.tags())  # which sensitivity, and whether its ε is conditional
-    if built.sim.audit is not None:
-        tracker.set_tags({"audit.canaries": built.sim.audit.canaries})
+    if privacy_tags := built.sim.privatizer.tags():
+        tracker.set_tags(privacy_tags)
     log.info("%s: %s | %s", names["scheme"], tracker.where, "outputs in " + str(out))
     status = "FAILED"
     try:
         with StopFlag() as stop:
             summary = run_rounds(built, tracker, out, loop, stop)
-        if built.sim.accountant is not None:
-            acct = built.sim.accountant.summary()
-            dp = built.sim.client_dp
-            summary.update({"epsilon_rdp": acct["epsilon_rdp"],
-                            **({"epsilon_pld": acct["epsilon_pld"]} if pld_accounts(dp) else {}),
-                            "dp_delta": dp.delta, "dp_noise_multiplier": dp.noise_multiplier,
-                            "dp_sampling_probability": dp.sampling_probability,
-                            "dp_clipping_norm": dp.clipping_norm, "dp_rounds": acct["rounds"]})
-        if built.sim.local_dp is not None:
-            summary.update(built.sim.local_dp.summary())
-        if built.sim.canaries is not None:
-            summary.update(built.sim.canaries.result(built.sim.client_dp.delta, built.sim.audit.confidence))
+        summary.update(built.sim.privatizer.summary())
         tracker.log_metrics(summary, step=int(summary["rounds_completed"]))
         status = "FINISHED"
         return summary

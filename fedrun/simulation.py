@@ -367,13 +367,8 @@ class Simulation:
         self.params.add_(update, alpha=self.scheme.server_lr)
 
     def epsilon(self, accountant: str | None = None) -> float | None:
-        """ε spent so far, None without DP. Client-level: from ``accountant`` (default: the configured one,
-        ``client_dp.accountant``); local: the worst client's (its own accountant)."""
-        if self.accountant is not None:
-            return self.accountant.epsilon(accountant or self.client_dp.accountant)
-        if self.local_dp is not None:
-            return self.local_dp.epsilon()
-        return None
+        """ε spent so far (:meth:`Privatizer.epsilon`), None without DP."""
+        return self.privatizer.epsilon(accountant)
 
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, split: str = "test") -> dict[str, float]:

@@ -165,6 +165,71 @@ class Privatizer:
             if (event := self.client_dp.event(rnd)) is not None:
                 self.accountant.record(event)
 
+    # -- the ε report -----------------------------------------------------------------------------------------
+    def epsilon(self, accountant: str | None = None) -> float | None:
+        """ε spent so far, None without DP. Client-level: from ``accountant`` (default: the configured one); local: the
+        worst client's (its own accountant)."""
+        if self.accountant is not None:
+            return self.accountant.epsilon(accountant or self.client_dp.accountant)
+        return self.local_dp.epsilon() if self.local_dp is not None else None
+
+    def pld_accounts(self) -> bool:
+        """Whether the PLD accountant has an event for the cohorts' sampling (not for a fixed-size cohort: there its
+        "PLD" ε would be its RDP stand-in, so no ``epsilon_pld`` is reported)."""
+        from fedrun.privacy.accounting import SAMPLING_ACCOUNTANTS
+
+        return "pld" in SAMPLING_ACCOUNTANTS[self.client_dp.sampling]
+
+    def epsilons(self, last: bool = False) -> dict[str, float]:
+        """``epsilon`` from the configured accountant; with client-level DP also ``epsilon_rdp`` (a running RDP curve:
+        ~0.1 ms a round) and ``epsilon_pld`` (a PLD composition, 1–3 s on 2 cores: every round when PLD is the
+        configured accountant, else at the ``last`` round only)."""
+        eps = self.epsilon()
+        if eps is None:
+            return {}
+        out = {"epsilon": eps}
+        if self.client_dp is not None:
+            configured = self.client_dp.accountant
+            out["epsilon_rdp"] = eps if configured == "rdp" else self.epsilon("rdp")
+            if configured == "pld":
+                out["epsilon_pld"] = eps
+            elif last and self.pld_accounts():
+                out["epsilon_pld"] = self.epsilon("pld")
+        return out
+
+    def tags(self) -> dict[str, object]:
+        """The run's DP tags: the mechanism and the accountant's inputs; local DP's sensitivity; the audit's size."""
+        tags: dict[str, object] = {}
+        if (dp := self.client_dp) is not None:
+            tags.update({"dp.mechanism": f"{dp.sampling}_subsampled_gaussian" if dp.schema is None else
+                         f"{dp.noise}_matrix_factorization_gaussian", "dp.noise_multiplier": f"{dp.noise_multiplier:.6g}",
+                         "dp.sampling_probability": dp.sampling_probability, "dp.clipping_norm": dp.clipping_norm,
+                         "dp.delta": dp.delta, "dp.accountant": dp.accountant})
+            if dp.schema is not None:
+                tags.update({"dp.schema": f"k={dp.schema[0]} b={dp.schema[1]}",
+                             "dp.sensitivity": f"{dp.sensitivities[-1]:.6g}"})
+        if self.local_dp is not None:
+            tags.update(self.local_dp.tags())  # which sensitivity, and whether its ε is conditional
+        if self.audit is not None:
+            tags["audit.canaries"] = self.audit.canaries
+        return tags
+
+    def summary(self) -> dict[str, float]:
+        """The run summary's privacy numbers: the accountants' ε and inputs, local DP's, the audit's bound."""
+        out: dict[str, float] = {}
+        if self.accountant is not None:
+            acct, dp = self.accountant.summary(), self.client_dp
+            out.update({"epsilon_rdp": acct["epsilon_rdp"],
+                        **({"epsilon_pld": acct["epsilon_pld"]} if self.pld_accounts() else {}),
+                        "dp_delta": dp.delta, "dp_noise_multiplier": dp.noise_multiplier,
+                        "dp_sampling_probability": dp.sampling_probability, "dp_clipping_norm": dp.clipping_norm,
+                        "dp_rounds": acct["rounds"]})
+        if self.local_dp is not None:
+            out.update(self.local_dp.summary())
+        if self.canaries is not None:
+            out.update(self.canaries.result(self.client_dp.delta, self.audit.confidence))
+        return out
+
     def make_canaries(self, dim: int):
         """The audit's canaries for a ``dim``-long payload (drawn once, from the run's seed)."""
         if self.canaries is None:
