@@ -262,14 +262,9 @@ class Trainer:
             return self._train_chunk_batched(params, len(chunk), idx, mask, corr)
         p = params.detach().unsqueeze(0).repeat(len(chunk), 1)
         loss_sum = torch.zeros(len(chunk), device=params.device, dtype=params.dtype)
-        plan_steps = idx.shape[1]
-        x_fixed = y_fixed = None
-        if plan_steps == 1:  # full-batch: gather once
-            x_fixed, y_fixed = data.x[idx[:, 0]], data.y[idx[:, 0]]
+        full_batch = idx.shape[1] == 1
         for t in range(spec.steps):
-            if x_fixed is not None:
-                xb, yb, mb = x_fixed, y_fixed, mask[:, 0]
-            else:
+            if t == 0 or not full_batch:  # full-batch: gathered once
                 xb, yb, mb = data.x[idx[:, t]], data.y[idx[:, t]], mask[:, t]
             if spec.clip_norm is not None and spec.clip_mode == "per_sample":
                 g, loss = self._per_sample_step(p, xb, yb, mb)
@@ -294,9 +289,8 @@ class Trainer:
         full_batch = idx.shape[1] == 1
         per_sample = spec.clip_norm is not None and spec.clip_mode == "per_sample"
         for t in range(spec.steps):
-            s = 0 if full_batch else t
             if t == 0 or not full_batch:
-                xb, yb, mb = data.x[idx[:, s]], data.y[idx[:, s]], mask[:, s]
+                xb, yb, mb = data.x[idx[:, t]], data.y[idx[:, t]], mask[:, t]
                 count = mb.sum(1).clamp_min(1.0)
             if per_sample:
                 grads, per = engine.per_sample_clipped_grad(
