@@ -38,11 +38,7 @@ def linear_cut_choices(model: nn.Module) -> list[int]:
     body = getattr(model, "body", None)
     if not isinstance(body, nn.Sequential):
         return []
-    out = []
-    for i, m in enumerate(body):
-        if isinstance(m, nn.Linear) and any(p.numel() for p in body[:i].parameters()):
-            out.append(i)
-    return out
+    return [i for i, m in enumerate(body) if isinstance(m, nn.Linear) and any(p.numel() for p in body[:i].parameters())]
 
 
 def check_cut(model: nn.Module, model_name: str, cut_layer: int | None) -> int:
