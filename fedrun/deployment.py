@@ -110,19 +110,18 @@ class Deployment:
         #: completed uploads the report goal discarded: sent (the ledger charges them), not summed
         self.discarded = 0
         if self.devices is not None:
-            extra_up = cost.client_uplink_bytes if cost else 0.0
-            extra_down = cost.client_downlink_bytes if cost else 0.0
             timing = self._timing = round_timing(
                 self.devices, self.profile, clients, rnd, self.seed, down_bytes=np.asarray(down_bytes, float),
                 up_bytes=float(up_bytes), flops=self.flops_per_sample * self.samples[clients]
                 + self.secagg_flops(cost, dim)[0], extra_rtt=self.profile.secagg_rtt_per_round
-                * (cost.round_trips if cost else 0), extra_up_bytes=extra_up, extra_down_bytes=extra_down)
+                * (cost.round_trips if cost else 0), extra_up_bytes=cost.client_uplink_bytes if cost else 0.0,
+                extra_down_bytes=cost.client_downlink_bytes if cost else 0.0)
             done = timing.completed.copy()
             self.duration = timing.duration_s
             if self.report_goal is not None and done.sum() > self.report_goal:  # the first goal reports close it
                 first = np.argsort(np.where(done, timing.total_s, np.inf), kind="stable")[:self.report_goal]
-                self.metrics["clock_discarded"] = float(done.sum() - self.report_goal)
                 self.discarded = int(done.sum() - self.report_goal)
+                self.metrics["clock_discarded"] = float(self.discarded)
                 done[:] = False
                 done[first] = True
                 self.duration = float(timing.total_s[first].max())

@@ -134,12 +134,15 @@ def batch_plan(data: ClientData, client_ids: Sequence[int], spec: LocalSpec, see
     return torch.from_numpy(idx), torch.from_numpy(mask)
 
 
-def _masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
+def _per_sample_losses(out: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-sample losses of the outputs ``out`` [*y.shape, …] for the targets ``y`` (any leading shape)."""
     if kind == "cross_entropy":
-        per = F.cross_entropy(out, y, reduction="none")
-    else:
-        per = (out - y) ** 2
-    return (per * mask).sum() / mask.sum().clamp_min(1.0)
+        return F.cross_entropy(out.reshape(y.numel(), -1), y.reshape(-1), reduction="none").view(y.shape)
+    return (out - y) ** 2
+
+
+def _masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
+    return (_per_sample_losses(out, y, kind) * mask).sum() / mask.sum().clamp_min(1.0)
 
 
 def _clip(g: torch.Tensor, clip_norm: float | None, ord: int = 2) -> torch.Tensor:
@@ -259,14 +262,9 @@ class Trainer:
             return self._train_chunk_batched(params, len(chunk), idx, mask, corr)
         p = params.detach().unsqueeze(0).repeat(len(chunk), 1)
         loss_sum = torch.zeros(len(chunk), device=params.device, dtype=params.dtype)
-        plan_steps = idx.shape[1]
-        x_fixed = y_fixed = None
-        if plan_steps == 1:  # full-batch: gather once
-            x_fixed, y_fixed = data.x[idx[:, 0]], data.y[idx[:, 0]]
+        full_batch = idx.shape[1] == 1
         for t in range(spec.steps):
-            if x_fixed is not None:
-                xb, yb, mb = x_fixed, y_fixed, mask[:, 0]
-            else:
+            if t == 0 or not full_batch:  # full-batch: gathered once
                 xb, yb, mb = data.x[idx[:, t]], data.y[idx[:, t]], mask[:, t]
             if spec.clip_norm is not None and spec.clip_mode == "per_sample":
                 g, loss = self._per_sample_step(p, xb, yb, mb)
@@ -278,13 +276,6 @@ class Trainer:
             p = p - spec.lr * g
             loss_sum += loss.detach()
         return p, loss_sum / spec.steps
-
-    def _per_sample_losses(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """[K, B] per-sample losses of the outputs [K, B, …] (as :func:`_masked_loss` before its mask)."""
-        if self.spec.loss == "cross_entropy":
-            k, b = out.shape[0], out.shape[1]
-            return F.cross_entropy(out.reshape(k * b, -1), y.reshape(-1), reduction="none").view(k, b)
-        return (out - y) ** 2
 
     def _train_chunk_batched(self, params: torch.Tensor, k: int, idx: torch.Tensor, mask: torch.Tensor,
                              corr: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,20 +289,19 @@ class Trainer:
         full_batch = idx.shape[1] == 1
         per_sample = spec.clip_norm is not None and spec.clip_mode == "per_sample"
         for t in range(spec.steps):
-            s = 0 if full_batch else t
             if t == 0 or not full_batch:
-                xb, yb, mb = data.x[idx[:, s]], data.y[idx[:, s]], mask[:, s]
+                xb, yb, mb = data.x[idx[:, t]], data.y[idx[:, t]], mask[:, t]
                 count = mb.sum(1).clamp_min(1.0)
             if per_sample:
                 grads, per = engine.per_sample_clipped_grad(
-                    leaves, xb, lambda out: self._per_sample_losses(out, yb), mb / count[:, None],
+                    leaves, xb, lambda out: _per_sample_losses(out, yb, spec.loss), mb / count[:, None],
                     float(spec.clip_norm), spec.clip_ord)
                 g = [grads[n] for n in names]
                 loss = (per * mb).sum(1) / count
             else:
                 for v in leaves.values():
                     v.requires_grad_(True)
-                per = self._per_sample_losses(engine.forward(leaves, xb), yb)
+                per = _per_sample_losses(engine.forward(leaves, xb), yb, spec.loss)
                 loss = (per * mb).sum(1) / count
                 g = list(torch.autograd.grad(loss.sum(), [leaves[n] for n in names]))
                 if spec.clip_norm is not None:
@@ -393,8 +383,6 @@ EVAL_BATCH_SIZE = 250
 def eval_copy(model: nn.Module, device: torch.device | str) -> nn.Module:
     """A copy of ``model`` for :func:`evaluate`: in channels-last memory format for a conv net on the CPU (its
     forward is ~1.5× faster there at batch 250), as it is elsewhere. The training path never sees it."""
-    import copy
-
     m = copy.deepcopy(model)
     if torch.device(device).type == "cpu" and any(isinstance(x, nn.Conv2d) for x in m.modules()):
         m = m.to(memory_format=torch.channels_last)

@@ -101,16 +101,14 @@ def search_roots(data_root: str | os.PathLike[str] | None = None) -> list[Path]:
     another copy of the data (:class:`DataNotFoundError`, one line).
     """
     roots: list[Path] = []
-    explicit = (("data_root", data_root), ("FEDRUN_DATA", os.environ.get("FEDRUN_DATA") or None))
-    for name, r in explicit:
-        if r is not None and str(r) != "" and not Path(r).expanduser().is_dir():
-            what = "does not exist" if not Path(r).expanduser().exists() else "is not a folder"
-            raise DataNotFoundError(f"{name}={r}: the data folder {what}; give an existing folder (or unset it "
-                                    f"to use the cache {cache_dir()})")
-    for r in (data_root, os.environ.get("FEDRUN_DATA") or None, cache_dir()):
+    for name, r in (("data_root", data_root), ("FEDRUN_DATA", os.environ.get("FEDRUN_DATA") or None), ("", cache_dir())):
         if r is None or str(r) == "":
             continue
         p = Path(r).expanduser()
+        if name and not p.is_dir():  # a folder named explicitly
+            what = "does not exist" if not p.exists() else "is not a folder"
+            raise DataNotFoundError(f"{name}={r}: the data folder {what}; give an existing folder (or unset it "
+                                    f"to use the cache {cache_dir()})")
         if all(p.absolute() != q.absolute() for q in roots):
             roots.append(p)
     return roots

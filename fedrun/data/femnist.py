@@ -35,10 +35,20 @@ NORMALIZATION = (0.0387, 0.1648)
 _NPZ_KEYS = ("x", "y", "writer", "writers")
 
 
-def _normalise(v: np.ndarray) -> torch.Tensor:
-    """``v``: float array in MNIST-like polarity [0, 1], shape (N, 28, 28) → normalised [N, 1, 28, 28]."""
+def _dataset(v_tr: np.ndarray, y_tr: np.ndarray, v_te: np.ndarray, y_te: np.ndarray, inverse: np.ndarray,
+             names: list[str], source: str, fmt: str) -> Dataset:
+    """The FEMNIST :class:`Dataset` of the images ``v_*`` (float, MNIST-like polarity [0, 1], (N, 28, 28)),
+    standardised to [N, 1, 28, 28], with ``inverse`` the writer index of every train then test sample."""
     mean, std = NORMALIZATION
-    return torch.from_numpy(((v - mean) / std).astype(np.float32)).unsqueeze(1)
+
+    def x(v: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(((v - mean) / std).astype(np.float32)).unsqueeze(1)
+
+    n_tr = len(y_tr)
+    return Dataset(name="femnist", x_train=x(v_tr), y_train=torch.from_numpy(y_tr), x_test=x(v_te),
+                   y_test=torch.from_numpy(y_te), task="classification", num_classes=NUM_CLASSES, source=source,
+                   groups_train=inverse[:n_tr].astype(np.int64), groups_test=inverse[n_tr:].astype(np.int64),
+                   group_names=names, info={"normalization": {"mean": mean, "std": std}, "format": fmt})
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -72,25 +82,12 @@ def load_npz(folder: Path) -> Dataset:
         raise DataIntegrityError(f"{folder}: train.npz and test.npz have different writer lists")
     used, inverse = np.unique(np.concatenate([tr["writer"], te["writer"]]), return_inverse=True)
     names = [str(w) for w in tr["writers"][used]]
-    n_tr = len(tr["y"])
 
     def pixels(x: np.ndarray) -> np.ndarray:
         return (255.0 - x.astype(np.float32)) / 255.0
 
-    return Dataset(
-        name="femnist",
-        x_train=_normalise(pixels(tr["x"])),
-        y_train=torch.from_numpy(tr["y"].astype(np.int64)),
-        x_test=_normalise(pixels(te["x"])),
-        y_test=torch.from_numpy(te["y"].astype(np.int64)),
-        task="classification",
-        num_classes=NUM_CLASSES,
-        source=str(folder),
-        groups_train=inverse[:n_tr].astype(np.int64),
-        groups_test=inverse[n_tr:].astype(np.int64),
-        group_names=names,
-        info={"normalization": {"mean": NORMALIZATION[0], "std": NORMALIZATION[1]}, "format": "npz"},
-    )
+    return _dataset(pixels(tr["x"]), tr["y"].astype(np.int64), pixels(te["x"]), te["y"].astype(np.int64), inverse,
+                    names, str(folder), "npz")
 
 
 def _natural_key(p: Path) -> list:
@@ -152,21 +149,7 @@ def load_leaf(leaf_dir: Path) -> Dataset:
     w_tr, x_tr, y_tr = _read_leaf_split(dirs[0])
     w_te, x_te, y_te = _read_leaf_split(dirs[1])
     names, inverse = np.unique(np.array(w_tr + w_te, dtype=object).astype(str), return_inverse=True)
-    n_tr = len(y_tr)
-    return Dataset(
-        name="femnist",
-        x_train=_normalise(1.0 - x_tr),
-        y_train=torch.from_numpy(y_tr),
-        x_test=_normalise(1.0 - x_te),
-        y_test=torch.from_numpy(y_te),
-        task="classification",
-        num_classes=NUM_CLASSES,
-        source=str(leaf_dir),
-        groups_train=inverse[:n_tr].astype(np.int64),
-        groups_test=inverse[n_tr:].astype(np.int64),
-        group_names=[str(n) for n in names],
-        info={"normalization": {"mean": NORMALIZATION[0], "std": NORMALIZATION[1]}, "format": "leaf-json"},
-    )
+    return _dataset(1.0 - x_tr, y_tr, 1.0 - x_te, y_te, inverse, [str(n) for n in names], str(leaf_dir), "leaf-json")
 
 
 def load_femnist(data_root: str | os.PathLike[str] | None, leaf_dir: str | os.PathLike[str] | None = None) -> Dataset:

@@ -93,14 +93,6 @@ def _find_files(d: Path) -> dict[str, Path] | None:
     return found
 
 
-def _md5_file(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _check(name: str, fname: str, path: Path, size: int, md5: str) -> None:
     expected = _SIZES[fname]
     if size != expected:
@@ -118,7 +110,11 @@ def _check(name: str, fname: str, path: Path, size: int, md5: str) -> None:
 
 def _verify_plain(name: str, files: dict[str, Path]) -> None:
     for f, p in files.items():
-        _check(name, f, p, p.stat().st_size, _md5_file(p))
+        h = hashlib.md5()
+        with open(p, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                h.update(chunk)
+        _check(name, f, p, p.stat().st_size, h.hexdigest())
 
 
 def _unpack(name: str, fname: str, src: Path, dst: Path, verify: bool) -> None:

@@ -12,8 +12,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["by_group", "dirichlet", "iid", "partition_stats", "shards"]
-
 
 def _count(value: Any, what: str, minimum: int = 1) -> int:
     if isinstance(value, bool):

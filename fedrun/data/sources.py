@@ -14,23 +14,8 @@ from __future__ import annotations
 
 import os
 
-from fedrun.data.dataset import (
-    DataIntegrityError,
-    DataNotFoundError,
-    Dataset,
-    cache_dir,
-    search_roots,
-)
-
-__all__ = [
-    "DATASETS",
-    "DataIntegrityError",
-    "DataNotFoundError",
-    "Dataset",
-    "cache_dir",
-    "load_dataset",
-    "search_roots",
-]
+# DataIntegrityError, DataNotFoundError, cache_dir and search_roots: re-exported beside load_dataset
+from fedrun.data.dataset import DataIntegrityError, DataNotFoundError, Dataset, cache_dir, search_roots  # noqa: F401
 
 DATASETS = ("fashion_mnist", "mnist", "femnist", "lending_club")
 

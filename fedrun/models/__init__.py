@@ -7,5 +7,3 @@ run many clients at once with ``torch.func.functional_call`` + ``vmap``.
 
 from fedrun.models.flat import FlatParams
 from fedrun.models.nets import FashionCNN, FemnistCNN, LeNet5, LinearRegression, build_model
-
-__all__ = ["FlatParams", "LeNet5", "FemnistCNN", "FashionCNN", "LinearRegression", "build_model"]

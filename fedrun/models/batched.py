@@ -58,25 +58,21 @@ class _Layer:
 class ClientBatchedSequential:
     """Runs a sequential body for K clients at once (see the module docstring for the layouts)."""
 
-    def __init__(self, layers: list[_Layer], names: list[str]) -> None:
+    def __init__(self, layers: list[_Layer]) -> None:
         self.layers = layers
-        self.names = names
 
     # -- forward ----------------------------------------------------------------------------------
-    def forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
-                record: list | None = None, channels_last: bool = True) -> torch.Tensor:
+    def forward(self, params: dict[str, torch.Tensor], x: torch.Tensor, record: list | None = None) -> torch.Tensor:
         """Outputs ``[K, B, *out]`` of every client's model on its inputs ``x`` ``[K, B, *in]``.
 
         ``params[name]`` is ``[K, *shape]``. With ``record`` (a list), each parametrised layer appends
-        ``(layer, input, output)`` so a caller can take gradients with respect to the outputs. ``channels_last``
-        (default) keeps image activations in channels-last memory, where grouped convolutions run fastest
-        on the CPU."""
+        ``(layer, input, output)`` so a caller can take gradients with respect to the outputs. Image activations
+        are kept in channels-last memory, where grouped convolutions run fastest on the CPU."""
         k, b = x.shape[0], x.shape[1]
         image = x.dim() == 5
         if image:  # [K, B, C, H, W] → [B, K·C, H, W], channels-last
             h = x.transpose(0, 1).reshape(b, k * x.shape[2], x.shape[3], x.shape[4])
-            if channels_last:
-                h = h.contiguous(memory_format=torch.channels_last)
+            h = h.contiguous(memory_format=torch.channels_last)
         else:
             h = x
         for layer in self.layers:
@@ -243,7 +239,4 @@ def compile_sequential(model: nn.Module, names: list[str]) -> ClientBatchedSeque
         covered += [w] + ([bias] if bias else []) if own else []
     if sorted(covered) != sorted(names) or not layers:
         return None  # frozen layers, or trainable parameters outside the body
-    return ClientBatchedSequential(layers, list(names))
-
-
-__all__ = ["ClientBatchedSequential", "compile_sequential"]
+    return ClientBatchedSequential(layers)

@@ -142,14 +142,9 @@ class VGG16(_Sequential):
     @staticmethod
     def torchvision_name_map() -> dict[str, str]:
         """torchvision ``vgg16`` state-dict names → this body's names."""
-        out = {}
-        for i in range(31):
-            for kind in ("weight", "bias"):
-                out[f"features.{i}.{kind}"] = f"body.{i + 1}.{kind}"
-        for tv, ours in ((0, 34), (3, 36), (6, 38)):
-            for kind in ("weight", "bias"):
-                out[f"classifier.{tv}.{kind}"] = f"body.{ours}.{kind}"
-        return out
+        pairs = [(f"features.{i}", i + 1) for i in range(31)] + [("classifier.0", 34), ("classifier.3", 36),
+                                                                  ("classifier.6", 38)]
+        return {f"{tv}.{kind}": f"body.{ours}.{kind}" for tv, ours in pairs for kind in ("weight", "bias")}
 
 
 _MODELS = {"lenet5": LeNet5, "femnist_cnn": FemnistCNN, "fashion_cnn": FashionCNN,
@@ -171,6 +166,3 @@ def build_model(name: str, **kwargs) -> nn.Module:
 
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-__all__ = ["LeNet5", "FemnistCNN", "FashionCNN", "FashionCNN1M", "VGG16", "LinearRegression", "IMAGE_MODELS", "build_model", "num_parameters"]

@@ -132,6 +132,3 @@ def _leakage(labels: list[np.ndarray], num_classes: int) -> dict[str, float]:
     s = lk.type_counts_from_labels(np.stack(labels).astype(np.int64), n)
     return {"label_leakage_bits": lk.leakage(s, n, k), "label_leakage_expected_bits": lk.expected_leakage(n, k, u).mean,
             "label_prior_bits": lk.prior_entropy(n, k)}
-
-
-__all__ = ["FbFTLRunner", "prepare_model", "round_metrics"]

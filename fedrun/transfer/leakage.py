@@ -53,21 +53,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammaln, xlog1py, xlogy
 
-__all__ = [
-    "LeakageEstimate",
-    "asymptotic_leakage",
-    "batch_distribution",
-    "batch_types",
-    "entropy_bits",
-    "expected_leakage",
-    "leakage",
-    "num_batch_types",
-    "num_outcomes",
-    "prior_entropy",
-    "shuffled_entropy",
-    "type_counts_from_labels",
-]
-
 MAX_BATCH_TYPES = 2_000_000  # batch_types() materialises a |B| x N table; refuse beyond this
 METHODS = ("auto", "exact", "enumerate", "monte_carlo")
 _LOG2 = math.log(2.0)
@@ -153,20 +138,8 @@ def batch_types(num_classes: int, batch_size: int) -> np.ndarray:
             f"|B| = C(N+K-1, K) = {m} batch types for num_classes={num_classes}, batch_size={batch_size}; "
             f"at most {MAX_BATCH_TYPES} are supported"
         )
-    n, k = int(num_classes), int(batch_size)
-    # Stars and bars: a multiset of K labels from N classes <-> positions of N - 1 bars among K + N - 1 slots.
-    if n == 1:
-        return np.full((1, 1), k, dtype=np.int64)
-    bars = np.fromiter(
-        itertools.chain.from_iterable(itertools.combinations(range(k + n - 1), n - 1)),
-        dtype=np.int64,
-        count=m * (n - 1),
-    ).reshape(m, n - 1)
-    edges = np.concatenate(
-        [np.full((m, 1), -1, np.int64), bars, np.full((m, 1), k + n - 1, np.int64)], axis=1
-    )
-    counts = np.diff(edges, axis=1) - 1
-    return counts[::-1].copy()  # bars late = many of label 0 first: lexicographic order of the multisets
+    # bars late = many of label 0 first: lexicographic order of the multisets
+    return _compositions(int(batch_size), int(num_classes))[::-1].copy()
 
 
 def batch_distribution(

@@ -102,6 +102,3 @@ def tune_learning_rate(head_module: nn.Module, z: torch.Tensor, y: torch.Tensor,
         scores[float(lr)] = head_accuracy(trial, z[val], y[val])
     best = max(scores, key=lambda k: (scores[k], -list(scores).index(k)))
     return best, scores
-
-
-__all__ = ["epoch_batches", "intra_op_threads", "head_accuracy", "make_optimizer", "sgd_epoch", "tune_learning_rate"]

@@ -343,8 +343,3 @@ def load_imagenet(spec: SourceSpec) -> SourceModel:
     tv = torch.load(path, map_location="cpu", weights_only=True)
     state = {VGG16.torchvision_name_map().get(k, k): v for k, v in tv.items()}
     return SourceModel(state, "imagenet:" + path.name, path, True, {"num_classes": 1000})
-
-
-__all__ = ["SOURCE_DATASETS", "SourceModel", "SourceSpec", "accuracy", "cache_path", "check_source_dataset",
-           "data_fingerprint", "imagenet_weights_file", "load_or_train", "prepare_model", "source_key", "train_source",
-           "weights_hash"]

@@ -38,11 +38,7 @@ def linear_cut_choices(model: nn.Module) -> list[int]:
     body = getattr(model, "body", None)
     if not isinstance(body, nn.Sequential):
         return []
-    out = []
-    for i, m in enumerate(body):
-        if isinstance(m, nn.Linear) and any(p.numel() for p in body[:i].parameters()):
-            out.append(i)
-    return out
+    return [i for i, m in enumerate(body) if isinstance(m, nn.Linear) and any(p.numel() for p in body[:i].parameters())]
 
 
 def check_cut(model: nn.Module, model_name: str, cut_layer: int | None) -> int:
@@ -142,8 +138,3 @@ def round_metrics(scheme, facts: dict, sim, rnd: int) -> dict[str, float]:
            "frozen_params": float(facts["frozen_numel"] if scheme.init_from_source else 0),
            "feature_dim": float(facts["features"]), "cut_layer": float(facts["cut"])}
     return {**out, **(facts["source_info"] if rnd == 1 else {})}
-
-
-__all__ = ["D_BITS", "check_cut", "copy_extractor", "fbftl_downlink_bits", "fbftl_uplink_bits",
-           "fedavg_downlink_bits", "fedavg_uplink_bits", "feature_dim", "layer_index", "linear_cut_choices",
-           "numel_of", "round_metrics", "split_names", "upload_ratio"]
