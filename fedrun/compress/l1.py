@@ -26,19 +26,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = [
-    "Operator",
-    "BPDNSolution",
-    "soft_threshold",
-    "lambda_max",
-    "bpdn_objective",
-    "fista",
-    "owlqn",
-    "lambda_path",
-    "bpdn",
-]
-
 Operator = Callable[[torch.Tensor], torch.Tensor]
+CONTINUATION, OWLQN_MEMORY = 0.3, 6  # bpdn's λ-continuation ratio; OWL-QN's L-BFGS memory (pairs)
 
 
 class BPDNSolution(NamedTuple):
@@ -77,9 +66,14 @@ def _check_problem(y: torch.Tensor, lam: float, max_iter: int, tol: float) -> No
         raise ValueError(f"tol={tol}; allowed: 0 < tol < 1")
 
 
-def _check_start(x0: torch.Tensor | None, like: torch.Tensor) -> None:
-    if x0 is not None and x0.shape != like.shape:
-        raise ValueError(f"x0.shape={tuple(x0.shape)}; allowed: {tuple(like.shape)} (the shape of Φᵀy)")
+def _start(adjoint: Operator, y: torch.Tensor, lam: float, x0: torch.Tensor | None, max_iter: int,
+           tol: float) -> tuple[torch.Tensor, float]:
+    """Validate one solver call; return ``Φᵀy`` and ``c = λ_max = ‖Φᵀy‖_∞``."""
+    _check_problem(y, lam, max_iter, tol)
+    atb = adjoint(y)
+    if x0 is not None and x0.shape != atb.shape:
+        raise ValueError(f"x0.shape={tuple(x0.shape)}; allowed: {tuple(atb.shape)} (the shape of Φᵀy)")
+    return atb, float(atb.abs().max())
 
 
 def fista(
@@ -107,10 +101,7 @@ def fista(
         lam: λ > 0 (absolute, in the units of ``y``).
         x0: warm start (shape of ``Φᵀy``), e.g. the previous round's solution; zeros if ``None``.
     """
-    _check_problem(y, lam, max_iter, tol)
-    c = lambda_max(adjoint, y)
-    atb = adjoint(y)
-    _check_start(x0, atb)
+    atb, c = _start(adjoint, y, lam, x0, max_iter, tol)
     if c == 0.0:
         return BPDNSolution(torch.zeros_like(atb), 0)
     y, atb, lam = y / c, atb / c, lam / c  # scale-free problem; the solution is rescaled by c at the end
@@ -138,7 +129,7 @@ def owlqn(
     x0: torch.Tensor | None = None,
     max_iter: int = 500,
     tol: float = 1e-6,
-    memory: int = 6,
+    memory: int = OWLQN_MEMORY,
 ) -> BPDNSolution:
     """BPDN by OWL-QN (the paper's decoder, Sec. III-C) via ``lbfgs.fmin_lbfgs(..., orthantwise_c=λ)``.
 
@@ -157,10 +148,7 @@ def owlqn(
     """
     import lbfgs  # PyLBFGS; imported here so that the rest of fedrun.compress works without it
 
-    _check_problem(y, lam, max_iter, tol)
-    c = lambda_max(adjoint, y)
-    atb = adjoint(y)
-    _check_start(x0, atb)
+    atb, c = _start(adjoint, y, lam, x0, max_iter, tol)
     if c == 0.0:
         return BPDNSolution(torch.zeros_like(atb), 0)
     y64 = y.double() / c
@@ -220,7 +208,7 @@ def bpdn(
     x0: torch.Tensor | None = None,
     max_iter: int = 300,
     tol: float = 1e-4,
-    continuation: float | None = 0.3,
+    continuation: float | None = CONTINUATION,
 ) -> BPDNSolution:
     """Solve BPDN (paper 000, Eq. (4)) with ``solver`` ("fista" or "owlqn"), using λ-continuation from a cold start.
 
@@ -246,3 +234,12 @@ def bpdn(
         used, x = used + sol.iterations, sol.s
     sol = solve(forward, adjoint, y, lam, x, max(1, max_iter - used), tol)
     return BPDNSolution(sol.s, used + sol.iterations)
+
+
+def bpdn_budget(lam_rel: float, max_iter: int, continuation: float = CONTINUATION) -> tuple[int, int]:
+    """(S, I): the λ-continuation stages and the iterations that a cold-start :func:`bpdn` runs at most at
+    λ/λ_max = ``lam_rel`` (a larger λ only shortens the path): I = ``max_iter``, or (S − 1)·⌊(max_iter//2)/(S − 1)⌋ + 1
+    when one iteration per early stage exceeds it."""
+    stages = len(lambda_path(1.0, lam_rel, continuation))
+    early = max(1, (max_iter // 2) // max(1, stages - 1)) * (stages - 1)
+    return stages, early + max(1, max_iter - early)
