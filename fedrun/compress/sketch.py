@@ -161,6 +161,30 @@ def theorem1(rows: int, cols: int, length: int, c_over_sigma: float | None, alph
                      "sketch.rows": str(rows), "sketch.cols": str(cols)}
 
 
+def privix_flops(dim: int, rows: int) -> float:
+    """Modelled operations of PRIVIX over all ``d`` coordinates: A = d·t·(1 + ⌈log₂t⌉) — t sign multiplies and a sort
+    of t values for the median (an operation is a float add, multiply or compare; index and memory moves are free)."""
+    return float(dim * rows * (1 + math.ceil(math.log2(rows))))
+
+
+def heavy_flops(dim: int, rows: int, m: int) -> float:
+    """B, the heavy hitters ``H`` = top-m of |PRIVIX[S]|: A + d·(1 + ⌈log₂m⌉) (|·| and a heap of m)."""
+    return privix_flops(dim, rows) + dim * (1 + math.ceil(math.log2(max(m, 1))))
+
+
+def unsketch_flops(dim: int, rows: int, cols: int, method: str, m: int, exact_values: bool) -> float:
+    """Modelled operations of ``CountSketch.unsketch``, with A and B of :func:`privix_flops` and :func:`heavy_flops`:
+
+    * PRIVIX: A.
+    * HEAPRIX, sketch-only values (Alg. 4): B + 2mt (S(h) of the m heavy values) + tk (S − S(h)) + A + m (h added).
+    * HEAPRIX, exact values: B (H, computed once by the second exchange's query) + 2mt + tk + A (values on H are
+      the exact ones)."""
+    t, k = rows, cols
+    if method == "privix":
+        return privix_flops(dim, t)
+    return heavy_flops(dim, t, m) + 2 * m * t + t * k + privix_flops(dim, t) + (0 if exact_values else m)
+
+
 def _median_last(values: torch.Tensor) -> torch.Tensor:
     """Median over the last dimension; for an even count the midpoint of the two middle values.
 

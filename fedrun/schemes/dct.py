@@ -43,10 +43,8 @@ from fedrun.schemes.random import check_ratio
 from fedrun.transfer.server import intra_op_threads
 
 
-@functools.lru_cache(maxsize=4)
-def _compressor(n, r, chunks, seed, shuffle, pad_to_fast_len, device) -> DCTCompressor:
-    return DCTCompressor(n, r, chunks=chunks, seed=seed, shuffle=shuffle, pad_to_fast_len=pad_to_fast_len,
-                         device=device)
+#: a run's compressor, built once (each client's codec is set up afresh): a pure, shared transform
+_compressor = functools.lru_cache(maxsize=4)(DCTCompressor)
 
 
 class DCTScheme(Scheme):
@@ -67,7 +65,7 @@ class DCTScheme(Scheme):
         self.pad_to_fast_len = check("pad_to_fast_len", pad_to_fast_len, **opt_bool)
 
     def setup(self, env: Env) -> None:
-        try:  # built once per run (each client's codec is set up afresh): a pure, shared transform
+        try:
             c = _compressor(env.n, self.r, self.chunks, env.shared_seed(0, "dct_shuffle"), self.shuffle,
                             self.pad_to_fast_len, env.device)
         except ValueError as exc:
