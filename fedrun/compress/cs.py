@@ -56,16 +56,8 @@ class DCTCompressor:
         device: device of the index tensors; inputs must live there.
     """
 
-    def __init__(
-        self,
-        n: int,
-        r: float,
-        chunks: int = 1,
-        seed: int = 0,
-        shuffle: bool | None = None,
-        pad_to_fast_len: bool | None = None,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, n: int, r: float, chunks: int = 1, seed: int = 0, shuffle: bool | None = None,
+                 pad_to_fast_len: bool | None = None, device: torch.device | str | None = None) -> None:
         self.m = num_kept(n, r)
         if not 1 <= chunks <= self.m:
             raise ValueError(f"chunks={chunks}; allowed: 1 <= chunks <= m={self.m} (each chunk needs a coefficient)")
@@ -153,12 +145,13 @@ class DCTCompressor:
         return lambda_max(self.adjoint, y)
 
     def transform_flops(self) -> float:
-        """T: one application of Φ or Φᵀ, P transforms of the chunk length c (:func:`fedrun.compress.dct.transform_flops`)."""
+        """T: one application of Φ or Φᵀ, P transforms of the chunk length c (:func:`transform_flops`)."""
         return self.chunks * transform_flops(self.chunk_len)
 
     def reconstruct_flops(self, solver: str, lam_rel: float, max_iter: int, base: float = 0.0) -> float:
         """``base`` (the caller's own work, added first) + an upper bound of :meth:`reconstruct_with_info`'s work from the
-        iteration budget, never its data-dependent count. With T = :meth:`transform_flops`, N = P·c entries in the chunk domain, (S, I) = :func:`bpdn_budget`:
+        iteration budget, never its data-dependent count. With T = :meth:`transform_flops`, N = P·c entries in the
+        chunk domain and (S, I) = :func:`bpdn_budget`:
 
         * FISTA: (3 + 2S)·(T + 2N) + (I + 1)·T + I·(T + 15N) — Φᵀ and |·|-max for λ_max (caller, reconstruct, path)
           and per stage for λ_max and Φᵀy; per iteration Φ, Φᵀ and 15 ops per entry (gradient step 2, soft threshold
@@ -179,15 +172,9 @@ class DCTCompressor:
         """The solution ``s`` of :meth:`reconstruct_with_info` (same arguments)."""
         return self.reconstruct_with_info(y, *args, **kwargs).s
 
-    def reconstruct_with_info(
-        self,
-        y: torch.Tensor,
-        lam_rel: float = DEFAULT_LAM_REL,
-        solver: str = "fista",
-        max_iter: int = 300,
-        tol: float = 1e-4,
-        warm_start: torch.Tensor | None = None,
-    ) -> BPDNSolution:
+    def reconstruct_with_info(self, y: torch.Tensor, lam_rel: float = DEFAULT_LAM_REL, solver: str = "fista",
+                              max_iter: int = 300, tol: float = 1e-4, warm_start: torch.Tensor | None = None
+                              ) -> BPDNSolution:
         """BPDN reconstruction ``argmin_s ½‖y − Φs‖² + λ‖s‖₁`` (paper 000, Eq. (4)) with ``λ = lam_rel·‖Φᵀy‖_∞``,
         and the iterations it took (summed over chunks for OWL-QN).
 
@@ -224,9 +211,8 @@ class DCTCompressor:
             return bpdn(self.compress, self.adjoint, y, lam, "owlqn", warm_start, max_iter, tol)
         return self._owlqn_by_chunk(y, lam, warm_start, max_iter, tol)
 
-    def _owlqn_by_chunk(
-        self, y: torch.Tensor, lam: float, warm_start: torch.Tensor | None, max_iter: int, tol: float
-    ) -> BPDNSolution:
+    def _owlqn_by_chunk(self, y: torch.Tensor, lam: float, warm_start: torch.Tensor | None, max_iter: int,
+                        tol: float) -> BPDNSolution:
         s = y.new_zeros(self.n)
         iterations = 0
         for (offset, coords), m_p in zip(self._chunk_coords(), self.chunk_m):

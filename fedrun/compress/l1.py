@@ -76,15 +76,8 @@ def _start(adjoint: Operator, y: torch.Tensor, lam: float, x0: torch.Tensor | No
     return atb, float(atb.abs().max())
 
 
-def fista(
-    forward: Operator,
-    adjoint: Operator,
-    y: torch.Tensor,
-    lam: float,
-    x0: torch.Tensor | None = None,
-    max_iter: int = 500,
-    tol: float = 1e-6,
-) -> BPDNSolution:
+def fista(forward: Operator, adjoint: Operator, y: torch.Tensor, lam: float, x0: torch.Tensor | None = None,
+          max_iter: int = 500, tol: float = 1e-6) -> BPDNSolution:
     """BPDN by FISTA with step 1 (needs ``‖Φ‖₂ <= 1``) and gradient-based adaptive restart.
 
     Iteration (Beck & Teboulle 2009, FISTA with L = 1)::
@@ -121,16 +114,8 @@ def fista(
     return BPDNSolution(x * c, k)
 
 
-def owlqn(
-    forward: Operator,
-    adjoint: Operator,
-    y: torch.Tensor,
-    lam: float,
-    x0: torch.Tensor | None = None,
-    max_iter: int = 500,
-    tol: float = 1e-6,
-    memory: int = OWLQN_MEMORY,
-) -> BPDNSolution:
+def owlqn(forward: Operator, adjoint: Operator, y: torch.Tensor, lam: float, x0: torch.Tensor | None = None,
+          max_iter: int = 500, tol: float = 1e-6, memory: int = OWLQN_MEMORY) -> BPDNSolution:
     """BPDN by OWL-QN (the paper's decoder, Sec. III-C) via ``lbfgs.fmin_lbfgs(..., orthantwise_c=λ)``.
 
     liblbfgs minimises ``f(s) + λ‖s‖₁`` with ``f(s) = ½‖y − Φs‖²`` and ``∇f(s) = Φᵀ(Φs − y)``, both evaluated
@@ -199,17 +184,9 @@ def lambda_path(lam_max: float, lam: float, ratio: float) -> list[float]:
     return path + [lam]
 
 
-def bpdn(
-    forward: Operator,
-    adjoint: Operator,
-    y: torch.Tensor,
-    lam: float,
-    solver: str = "fista",
-    x0: torch.Tensor | None = None,
-    max_iter: int = 300,
-    tol: float = 1e-4,
-    continuation: float | None = CONTINUATION,
-) -> BPDNSolution:
+def bpdn(forward: Operator, adjoint: Operator, y: torch.Tensor, lam: float, solver: str = "fista",
+         x0: torch.Tensor | None = None, max_iter: int = 300, tol: float = 1e-4,
+         continuation: float | None = CONTINUATION) -> BPDNSolution:
     """Solve BPDN (paper 000, Eq. (4)) with ``solver`` ("fista" or "owlqn"), using λ-continuation from a cold start.
 
     From a cold start (``x0 is None``) the solver is run along :func:`lambda_path` (ratio ``continuation``),

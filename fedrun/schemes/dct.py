@@ -144,8 +144,8 @@ class CompressiveSensingScheme(DCTScheme):
         return bpdn_budget(self.lam_rel, self.max_iter)
 
     def server_flops(self, n: int) -> float:
-        """The step (:meth:`Scheme.server_flops`) + an upper bound of FL-CS's decode (lines 9–13): ρ-momentum and error
-        feedback 4m (u ← ρu + y, p = u + e, e = p − Φs) + the solver's budget (:meth:`DCTCompressor.reconstruct_flops`)."""
+        """The step (:meth:`Scheme.server_flops`) + an upper bound of FL-CS's decode (lines 9–13): ρ-momentum and
+        error feedback 4m (u ← ρu + y, p = u + e, e = p − Φs) + the solver's (:meth:`DCTCompressor.reconstruct_flops`)."""
         decode = self.comp.reconstruct_flops(self.solver, self.lam_rel, self.max_iter, base=4 * self.m)
         return super().server_flops(n) + float(decode)
 
