@@ -6,26 +6,3 @@
 * :mod:`~fedrun.compress.cs` — :class:`DCTCompressor`: first-m DCT coefficients, zero-fill, L1 reconstruction.
 * :mod:`~fedrun.compress.sketch` — count sketch, PRIVIX/HEAPRIX (paper 002).
 """
-
-from fedrun.compress.cs import DEFAULT_LAM_REL, DCTCompressor
-from fedrun.compress.dct import dct, dct_matrix, idct
-from fedrun.compress.l1 import BPDNSolution, bpdn, fista, lambda_max, owlqn
-from fedrun.compress.masks import RandomCoordinates, num_kept, shared_permutation
-from fedrun.compress.sketch import CountSketch
-
-__all__ = [
-    "BPDNSolution",
-    "CountSketch",
-    "DCTCompressor",
-    "DEFAULT_LAM_REL",
-    "RandomCoordinates",
-    "bpdn",
-    "dct",
-    "dct_matrix",
-    "fista",
-    "idct",
-    "lambda_max",
-    "num_kept",
-    "owlqn",
-    "shared_permutation",
-]

@@ -23,11 +23,9 @@ from __future__ import annotations
 import scipy.fft
 import torch
 
-from fedrun.compress.dct import dct, idct
-from fedrun.compress.l1 import BPDNSolution, bpdn, lambda_max
-from fedrun.compress.masks import num_kept, shared_permutation
-
-__all__ = ["DCTCompressor", "DEFAULT_LAM_REL"]
+from fedrun.compress.dct import dct, idct, transform_flops
+from fedrun.compress.l1 import OWLQN_MEMORY, BPDNSolution, bpdn, bpdn_budget, lambda_max
+from fedrun.compress.masks import _check_last_dim, num_kept, shared_permutation
 
 DEFAULT_LAM_REL = 0.05
 """Default λ / λ_max for :meth:`DCTCompressor.reconstruct` (λ_max = ‖Φᵀy‖_∞, above which s = 0).
@@ -58,16 +56,8 @@ class DCTCompressor:
         device: device of the index tensors; inputs must live there.
     """
 
-    def __init__(
-        self,
-        n: int,
-        r: float,
-        chunks: int = 1,
-        seed: int = 0,
-        shuffle: bool | None = None,
-        pad_to_fast_len: bool | None = None,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, n: int, r: float, chunks: int = 1, seed: int = 0, shuffle: bool | None = None,
+                 pad_to_fast_len: bool | None = None, device: torch.device | str | None = None) -> None:
         self.m = num_kept(n, r)
         if not 1 <= chunks <= self.m:
             raise ValueError(f"chunks={chunks}; allowed: 1 <= chunks <= m={self.m} (each chunk needs a coefficient)")
@@ -154,17 +144,39 @@ class DCTCompressor:
         _check_last_dim(y, self.m, "y")
         return lambda_max(self.adjoint, y)
 
+    def transform_flops(self) -> float:
+        """T: one application of Φ or Φᵀ, P transforms of the chunk length c (:func:`transform_flops`)."""
+        return self.chunks * transform_flops(self.chunk_len)
+
+    def reconstruct_flops(self, solver: str, lam_rel: float, max_iter: int, base: float = 0.0) -> float:
+        """``base`` (the caller's own work, added first) + an upper bound of :meth:`reconstruct_with_info`'s work from the
+        iteration budget, never its data-dependent count. With T = :meth:`transform_flops`, N = P·c entries in the
+        chunk domain and (S, I) = :func:`bpdn_budget`:
+
+        * FISTA: (3 + 2S)·(T + 2N) + (I + 1)·T + I·(T + 15N) — Φᵀ and |·|-max for λ_max (caller, reconstruct, path)
+          and per stage for λ_max and Φᵀy; per iteration Φ, Φᵀ and 15 ops per entry (gradient step 2, soft threshold
+          4, step 1, restart test 2, momentum 2, two norms 4); Φs once after.
+        * OWL-QN (per chunk, length c, T_c = 2.5·c·log₂c + 4c, memory M = 6): 2(T + 2N) + T
+          + P·[(1 + 2S)·(T_c + 2c) + I·(2T_c + (4M + 13)·c)] — one objective-and-gradient evaluation per iteration
+          (the line search's first trial step: a model, not a bound) and L-BFGS's two-loop recursion 4Mc."""
+        P, c = self.chunks, self.chunk_len
+        T, N = self.transform_flops(), float(P * c)
+        S, I = bpdn_budget(lam_rel, max_iter)
+        if solver == "fista":
+            return base + (3 + 2 * S) * (T + 2 * N) + (I + 1) * T + I * (T + 15 * N)
+        Tc, M = transform_flops(c), OWLQN_MEMORY
+        return base + 2 * (T + 2 * N) + T + P * ((1 + 2 * S) * (Tc + 2 * c) + I * (2 * Tc + (4 * M + 13) * c))
+
     # -- FL-CS decoder ------------------------------------------------------------------------------
-    def reconstruct(
-        self,
-        y: torch.Tensor,
-        lam_rel: float = DEFAULT_LAM_REL,
-        solver: str = "fista",
-        max_iter: int = 300,
-        tol: float = 1e-4,
-        warm_start: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """BPDN reconstruction ``argmin_s ½‖y − Φs‖² + λ‖s‖₁`` (paper 000, Eq. (4)) with ``λ = lam_rel·‖Φᵀy‖_∞``.
+    def reconstruct(self, y: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """The solution ``s`` of :meth:`reconstruct_with_info` (same arguments)."""
+        return self.reconstruct_with_info(y, *args, **kwargs).s
+
+    def reconstruct_with_info(self, y: torch.Tensor, lam_rel: float = DEFAULT_LAM_REL, solver: str = "fista",
+                              max_iter: int = 300, tol: float = 1e-4, warm_start: torch.Tensor | None = None
+                              ) -> BPDNSolution:
+        """BPDN reconstruction ``argmin_s ½‖y − Φs‖² + λ‖s‖₁`` (paper 000, Eq. (4)) with ``λ = lam_rel·‖Φᵀy‖_∞``,
+        and the iterations it took (summed over chunks for OWL-QN).
 
         Args:
             y: aggregated measurements ``[m]``.
@@ -176,20 +188,8 @@ class DCTCompressor:
             tol: relative stopping tolerance (see :func:`fedrun.compress.l1.bpdn`).
             warm_start: previous solution ``[n]``; starts the solver there (and skips the λ continuation).
         Returns:
-            ``s`` of shape ``[n]``, ``y``'s dtype and device.
+            ``s`` of shape ``[n]``, ``y``'s dtype and device, and the iteration count.
         """
-        return self.reconstruct_with_info(y, lam_rel, solver, max_iter, tol, warm_start).s
-
-    def reconstruct_with_info(
-        self,
-        y: torch.Tensor,
-        lam_rel: float = DEFAULT_LAM_REL,
-        solver: str = "fista",
-        max_iter: int = 300,
-        tol: float = 1e-4,
-        warm_start: torch.Tensor | None = None,
-    ) -> BPDNSolution:
-        """:meth:`reconstruct`, also returning the iteration count (summed over chunks for OWL-QN)."""
         _check_last_dim(y, self.m, "y")
         if y.ndim != 1:
             raise ValueError(f"y.shape={tuple(y.shape)}; allowed: [m={self.m}] (reconstruct one aggregate)")
@@ -211,9 +211,8 @@ class DCTCompressor:
             return bpdn(self.compress, self.adjoint, y, lam, "owlqn", warm_start, max_iter, tol)
         return self._owlqn_by_chunk(y, lam, warm_start, max_iter, tol)
 
-    def _owlqn_by_chunk(
-        self, y: torch.Tensor, lam: float, warm_start: torch.Tensor | None, max_iter: int, tol: float
-    ) -> BPDNSolution:
+    def _owlqn_by_chunk(self, y: torch.Tensor, lam: float, warm_start: torch.Tensor | None, max_iter: int,
+                        tol: float) -> BPDNSolution:
         s = y.new_zeros(self.n)
         iterations = 0
         for (offset, coords), m_p in zip(self._chunk_coords(), self.chunk_m):
@@ -236,8 +235,3 @@ def _split(total: int, parts: int) -> list[int]:
     """``total`` split into ``parts`` near-equal integers, the larger ones first."""
     base, extra = divmod(total, parts)
     return [base + (1 if p < extra else 0) for p in range(parts)]
-
-
-def _check_last_dim(x: torch.Tensor, size: int, name: str) -> None:
-    if x.ndim < 1 or x.shape[-1] != size:
-        raise ValueError(f"{name}.shape={tuple(x.shape)}; allowed: last dimension == {size}")

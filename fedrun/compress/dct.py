@@ -17,8 +17,6 @@ import math
 
 import torch
 
-__all__ = ["dct", "idct", "dct_matrix", "transform_flops"]
-
 _FLOAT_DTYPES = (torch.float32, torch.float64)
 
 
@@ -27,10 +25,6 @@ def _check_input(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}.dtype={x.dtype}; allowed: torch.float32 or torch.float64")
     if x.ndim < 1 or x.shape[-1] < 1:
         raise ValueError(f"{name}.shape={tuple(x.shape)}; the last dimension must have length >= 1")
-
-
-def _complex_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.complex64 if dtype == torch.float32 else torch.complex128
 
 
 @functools.lru_cache(maxsize=32)
@@ -44,7 +38,8 @@ def _twiddle(n: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Te
     phase = torch.polar(torch.ones(n, dtype=torch.float64), -math.pi * k / (2 * n))
     scale = torch.full((n,), math.sqrt(2.0 / n), dtype=torch.float64)
     scale[0] = math.sqrt(1.0 / n)
-    return phase.to(device=device, dtype=_complex_dtype(dtype)), scale.to(device=device, dtype=dtype)
+    complex_dtype = torch.complex64 if dtype == torch.float32 else torch.complex128
+    return phase.to(device=device, dtype=complex_dtype), scale.to(device=device, dtype=dtype)
 
 
 def _makhoul_order(x: torch.Tensor) -> torch.Tensor:
@@ -119,9 +114,8 @@ def transform_flops(n: int) -> float:
     return 2.5 * n * math.log2(n) + 4.0 * n if n > 1 else 4.0 * n
 
 
-def dct_matrix(
-    n: int, m: int | None = None, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
-) -> torch.Tensor:
+def dct_matrix(n: int, m: int | None = None, dtype: torch.dtype = torch.float64,
+               device: torch.device | str | None = None) -> torch.Tensor:
     """First ``m`` rows (all ``n`` if ``None``) of the orthonormal DCT-II matrix, ``D[k, j] = s_k·cos(π k (2j + 1) / 2n)``.
 
     ``s_0 = √(1/n)``, ``s_k = √(2/n)``. Row ``k`` is the sensing vector φ_k of paper 000, Sec. II-B, so

@@ -26,19 +26,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = [
-    "Operator",
-    "BPDNSolution",
-    "soft_threshold",
-    "lambda_max",
-    "bpdn_objective",
-    "fista",
-    "owlqn",
-    "lambda_path",
-    "bpdn",
-]
-
 Operator = Callable[[torch.Tensor], torch.Tensor]
+CONTINUATION, OWLQN_MEMORY = 0.3, 6  # bpdn's λ-continuation ratio; OWL-QN's L-BFGS memory (pairs)
 
 
 class BPDNSolution(NamedTuple):
@@ -77,20 +66,18 @@ def _check_problem(y: torch.Tensor, lam: float, max_iter: int, tol: float) -> No
         raise ValueError(f"tol={tol}; allowed: 0 < tol < 1")
 
 
-def _check_start(x0: torch.Tensor | None, like: torch.Tensor) -> None:
-    if x0 is not None and x0.shape != like.shape:
-        raise ValueError(f"x0.shape={tuple(x0.shape)}; allowed: {tuple(like.shape)} (the shape of Φᵀy)")
+def _start(adjoint: Operator, y: torch.Tensor, lam: float, x0: torch.Tensor | None, max_iter: int,
+           tol: float) -> tuple[torch.Tensor, float]:
+    """Validate one solver call; return ``Φᵀy`` and ``c = λ_max = ‖Φᵀy‖_∞``."""
+    _check_problem(y, lam, max_iter, tol)
+    atb = adjoint(y)
+    if x0 is not None and x0.shape != atb.shape:
+        raise ValueError(f"x0.shape={tuple(x0.shape)}; allowed: {tuple(atb.shape)} (the shape of Φᵀy)")
+    return atb, float(atb.abs().max())
 
 
-def fista(
-    forward: Operator,
-    adjoint: Operator,
-    y: torch.Tensor,
-    lam: float,
-    x0: torch.Tensor | None = None,
-    max_iter: int = 500,
-    tol: float = 1e-6,
-) -> BPDNSolution:
+def fista(forward: Operator, adjoint: Operator, y: torch.Tensor, lam: float, x0: torch.Tensor | None = None,
+          max_iter: int = 500, tol: float = 1e-6) -> BPDNSolution:
     """BPDN by FISTA with step 1 (needs ``‖Φ‖₂ <= 1``) and gradient-based adaptive restart.
 
     Iteration (Beck & Teboulle 2009, FISTA with L = 1)::
@@ -107,10 +94,7 @@ def fista(
         lam: λ > 0 (absolute, in the units of ``y``).
         x0: warm start (shape of ``Φᵀy``), e.g. the previous round's solution; zeros if ``None``.
     """
-    _check_problem(y, lam, max_iter, tol)
-    c = lambda_max(adjoint, y)
-    atb = adjoint(y)
-    _check_start(x0, atb)
+    atb, c = _start(adjoint, y, lam, x0, max_iter, tol)
     if c == 0.0:
         return BPDNSolution(torch.zeros_like(atb), 0)
     y, atb, lam = y / c, atb / c, lam / c  # scale-free problem; the solution is rescaled by c at the end
@@ -130,16 +114,8 @@ def fista(
     return BPDNSolution(x * c, k)
 
 
-def owlqn(
-    forward: Operator,
-    adjoint: Operator,
-    y: torch.Tensor,
-    lam: float,
-    x0: torch.Tensor | None = None,
-    max_iter: int = 500,
-    tol: float = 1e-6,
-    memory: int = 6,
-) -> BPDNSolution:
+def owlqn(forward: Operator, adjoint: Operator, y: torch.Tensor, lam: float, x0: torch.Tensor | None = None,
+          max_iter: int = 500, tol: float = 1e-6, memory: int = OWLQN_MEMORY) -> BPDNSolution:
     """BPDN by OWL-QN (the paper's decoder, Sec. III-C) via ``lbfgs.fmin_lbfgs(..., orthantwise_c=λ)``.
 
     liblbfgs minimises ``f(s) + λ‖s‖₁`` with ``f(s) = ½‖y − Φs‖²`` and ``∇f(s) = Φᵀ(Φs − y)``, both evaluated
@@ -157,10 +133,7 @@ def owlqn(
     """
     import lbfgs  # PyLBFGS; imported here so that the rest of fedrun.compress works without it
 
-    _check_problem(y, lam, max_iter, tol)
-    c = lambda_max(adjoint, y)
-    atb = adjoint(y)
-    _check_start(x0, atb)
+    atb, c = _start(adjoint, y, lam, x0, max_iter, tol)
     if c == 0.0:
         return BPDNSolution(torch.zeros_like(atb), 0)
     y64 = y.double() / c
@@ -211,17 +184,9 @@ def lambda_path(lam_max: float, lam: float, ratio: float) -> list[float]:
     return path + [lam]
 
 
-def bpdn(
-    forward: Operator,
-    adjoint: Operator,
-    y: torch.Tensor,
-    lam: float,
-    solver: str = "fista",
-    x0: torch.Tensor | None = None,
-    max_iter: int = 300,
-    tol: float = 1e-4,
-    continuation: float | None = 0.3,
-) -> BPDNSolution:
+def bpdn(forward: Operator, adjoint: Operator, y: torch.Tensor, lam: float, solver: str = "fista",
+         x0: torch.Tensor | None = None, max_iter: int = 300, tol: float = 1e-4,
+         continuation: float | None = CONTINUATION) -> BPDNSolution:
     """Solve BPDN (paper 000, Eq. (4)) with ``solver`` ("fista" or "owlqn"), using λ-continuation from a cold start.
 
     From a cold start (``x0 is None``) the solver is run along :func:`lambda_path` (ratio ``continuation``),
@@ -246,3 +211,12 @@ def bpdn(
         used, x = used + sol.iterations, sol.s
     sol = solve(forward, adjoint, y, lam, x, max(1, max_iter - used), tol)
     return BPDNSolution(sol.s, used + sol.iterations)
+
+
+def bpdn_budget(lam_rel: float, max_iter: int, continuation: float = CONTINUATION) -> tuple[int, int]:
+    """(S, I): the λ-continuation stages and the iterations that a cold-start :func:`bpdn` runs at most at
+    λ/λ_max = ``lam_rel`` (a larger λ only shortens the path): I = ``max_iter``, or (S − 1)·⌊(max_iter//2)/(S − 1)⌋ + 1
+    when one iteration per early stage exceeds it."""
+    stages = len(lambda_path(1.0, lam_rel, continuation))
+    early = max(1, (max_iter // 2) // max(1, stages - 1)) * (stages - 1)
+    return stages, early + max(1, max_iter - early)

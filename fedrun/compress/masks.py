@@ -14,8 +14,6 @@ import math
 
 import torch
 
-__all__ = ["derive_seed", "shared_permutation", "num_kept", "RandomCoordinates"]
-
 
 def derive_seed(seed: int, *context: int | str) -> int:
     """A 63-bit seed from ``seed`` and a context (purpose tag, round, ...): stable across runs and platforms."""
@@ -23,7 +21,7 @@ def derive_seed(seed: int, *context: int | str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
-def _generator(seed: int, *context: int | str) -> torch.Generator:
+def generator(seed: int, *context: int | str) -> torch.Generator:
     gen = torch.Generator(device="cpu")
     gen.manual_seed(derive_seed(seed, *context))
     return gen
@@ -37,7 +35,7 @@ def shared_permutation(n: int, seed: int, device: torch.device | str | None = No
     """
     if n < 1:
         raise ValueError(f"n={n}; allowed: n >= 1")
-    return torch.randperm(n, generator=_generator(seed, "permutation", n)).to(device)
+    return torch.randperm(n, generator=generator(seed, "permutation", n)).to(device)
 
 
 def num_kept(n: int, r: float) -> int:
@@ -65,17 +63,14 @@ class RandomCoordinates:
     """
 
     def __init__(self, n: int, r: float, seed: int = 0, device: torch.device | str | None = None) -> None:
-        self.m = num_kept(n, r)
-        self.n = n
-        self.r = r
-        self.seed = seed
+        self.m, self.n, self.r, self.seed = num_kept(n, r), n, r, seed
         self.device = torch.device(device) if device is not None else torch.device("cpu")
 
     def indices(self, round: int) -> torch.Tensor:
         """Sorted LongTensor ``[m]`` of distinct coordinates for round ``round >= 0``."""
         if round < 0:
             raise ValueError(f"round={round}; allowed: round >= 0")
-        perm = torch.randperm(self.n, generator=_generator(self.seed, "random-coordinates", self.n, round))
+        perm = torch.randperm(self.n, generator=generator(self.seed, "random-coordinates", self.n, round))
         return perm[: self.m].sort().values.to(self.device)
 
     def compress(self, x: torch.Tensor, round: int) -> torch.Tensor:

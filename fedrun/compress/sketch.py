@@ -35,22 +35,13 @@ indices for ``sketch`` — 13 bytes per (row, coordinate): 39 MB for LeNet-5 wit
 
 from __future__ import annotations
 
-import hashlib
 import math
 import statistics
 import warnings
 
 import torch
 
-__all__ = [
-    "ASSUMPTION_FAILURE",
-    "MERSENNE_PRIME",
-    "CountSketch",
-    "compression_ratio",
-    "default_c_over_sigma",
-    "sketch_epsilon",
-    "theorem1",
-]
+from fedrun.compress.masks import generator
 
 MERSENNE_PRIME: int = 2**31 - 1
 """The prime ``p`` of the hash family; coordinates must satisfy ``dim < p``."""
@@ -161,6 +152,30 @@ def theorem1(rows: int, cols: int, length: int, c_over_sigma: float | None, alph
                      "sketch.rows": str(rows), "sketch.cols": str(cols)}
 
 
+def privix_flops(dim: int, rows: int) -> float:
+    """Modelled operations of PRIVIX over all ``d`` coordinates: A = d·t·(1 + ⌈log₂t⌉) — t sign multiplies and a sort
+    of t values for the median (an operation is a float add, multiply or compare; index and memory moves are free)."""
+    return float(dim * rows * (1 + math.ceil(math.log2(rows))))
+
+
+def heavy_flops(dim: int, rows: int, m: int) -> float:
+    """B, the heavy hitters ``H`` = top-m of |PRIVIX[S]|: A + d·(1 + ⌈log₂m⌉) (|·| and a heap of m)."""
+    return privix_flops(dim, rows) + dim * (1 + math.ceil(math.log2(max(m, 1))))
+
+
+def unsketch_flops(dim: int, rows: int, cols: int, method: str, m: int, exact_values: bool) -> float:
+    """Modelled operations of ``CountSketch.unsketch``, with A and B of :func:`privix_flops` and :func:`heavy_flops`:
+
+    * PRIVIX: A.
+    * HEAPRIX, sketch-only values (Alg. 4): B + 2mt (S(h) of the m heavy values) + tk (S − S(h)) + A + m (h added).
+    * HEAPRIX, exact values: B (H, computed once by the second exchange's query) + 2mt + tk + A (values on H are
+      the exact ones)."""
+    t, k = rows, cols
+    if method == "privix":
+        return privix_flops(dim, t)
+    return heavy_flops(dim, t, m) + 2 * m * t + t * k + privix_flops(dim, t) + (0 if exact_values else m)
+
+
 def _median_last(values: torch.Tensor) -> torch.Tensor:
     """Median over the last dimension; for an even count the midpoint of the two middle values.
 
@@ -168,8 +183,6 @@ def _median_last(values: torch.Tensor) -> torch.Tensor:
     of a symmetric distribution; the midpoint is what keeps PRIVIX unbiased for even ``t`` (e.g. 20, 50).
     """
     t = values.shape[-1]
-    if t == 1:
-        return values[..., 0]
     if t % 2 == 1:
         return values.median(dim=-1).values
     top = values.topk(t // 2 + 1, dim=-1, largest=True, sorted=True).values
@@ -193,17 +206,8 @@ class CountSketch:
     float32 sketch, ``4·t·k`` — what a device uploads per sketch.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        rows: int,
-        cols: int,
-        seed: int,
-        device: torch.device | str = "cpu",
-        *,
-        cache_hashes: bool | None = None,
-        chunk_elements: int = _CHUNK_ELEMENTS,
-    ) -> None:
+    def __init__(self, dim: int, rows: int, cols: int, seed: int, device: torch.device | str = "cpu", *,
+                 cache_hashes: bool | None = None, chunk_elements: int = _CHUNK_ELEMENTS) -> None:
         self.dim = _check_int("dim", dim, 1, MERSENNE_PRIME - 1)
         self.rows = _check_int("rows", rows, 1)
         self.cols = _check_int("cols", cols, 1, MERSENNE_PRIME)
@@ -212,17 +216,12 @@ class CountSketch:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        # Private CPU generator keyed by (purpose, seed): the caller's RNG is untouched and the
+        # Private CPU generator keyed by the text "fedrun.count_sketch:<seed>": the caller's RNG is untouched and the
         # coefficients do not depend on the device.
-        key = hashlib.blake2b(f"fedrun.count_sketch:{seed}".encode(), digest_size=8).digest()
-        gen = torch.Generator(device="cpu")
-        gen.manual_seed(int.from_bytes(key, "little") >> 1)
-        p = MERSENNE_PRIME
+        gen = generator("fedrun.count_sketch", seed)
         coeffs = torch.empty(rows, 4, dtype=torch.int64)
-        coeffs[:, 0] = torch.randint(1, p, (rows,), generator=gen, dtype=torch.int64)  # a_j (bucket)
-        coeffs[:, 1] = torch.randint(0, p, (rows,), generator=gen, dtype=torch.int64)  # b_j (bucket)
-        coeffs[:, 2] = torch.randint(1, p, (rows,), generator=gen, dtype=torch.int64)  # c_j (sign)
-        coeffs[:, 3] = torch.randint(0, p, (rows,), generator=gen, dtype=torch.int64)  # e_j (sign)
+        for col, low in enumerate((1, 0, 1, 0)):  # a_j, b_j (bucket), c_j, e_j (sign)
+            coeffs[:, col] = torch.randint(low, MERSENNE_PRIME, (rows,), generator=gen, dtype=torch.int64)
         self._coeffs_cpu = coeffs
         self._coeffs = coeffs.to(self.device)
         self._row_offset = torch.arange(rows, dtype=torch.int64, device=self.device) * cols
@@ -440,14 +439,8 @@ class CountSketch:
         idx = self._top_m(self._privix_flat(S_flat), m)
         return idx.reshape(*S.shape[:-2], m)
 
-    def _heavy_part(
-        self,
-        S: torch.Tensor,
-        m: int | None,
-        values: torch.Tensor | None,
-        indices: torch.Tensor | None,
-        values_name: str,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    def _heavy_part(self, S: torch.Tensor, m: int | None, values: torch.Tensor | None, indices: torch.Tensor | None,
+                    values_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...]]:
         """Validate; return ``(S_flat [K, t·k], H [K, m], values on H [K, m], output shape)``."""
         S_flat = self._check_sketch(S)
         m = self._check_m(m)
@@ -470,26 +463,14 @@ class CountSketch:
         if values is not None:
             ok = isinstance(values, torch.Tensor) and tuple(values.shape) == lead + (m,)
             self._check_tensor(values_name, values, want + f" (aligned with heavy_hitters(S, m={m}))", ok)
-        est = None
+        est = self._privix_flat(S_flat) if indices is None or values is None else None
         if indices is None:
-            est = self._privix_flat(S_flat)
             idx = self._top_m(est, m)
-        if values is not None:
-            heavy = values.reshape(batch, m)
-        else:
-            if est is None:
-                est = self._privix_flat(S_flat)
-            heavy = est.gather(1, idx)
+        heavy = values.reshape(batch, m) if values is not None else est.gather(1, idx)
         return S_flat, idx, heavy, lead + (self.dim,)
 
-    def heavymix(
-        self,
-        S: torch.Tensor,
-        m: int | None = None,
-        exact_values: torch.Tensor | None = None,
-        *,
-        indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def heavymix(self, S: torch.Tensor, m: int | None = None, exact_values: torch.Tensor | None = None, *,
+                 indices: torch.Tensor | None = None) -> torch.Tensor:
         """HEAVYMIX (paper 002, Alg. 3): the heavy set keeps its values, every other coordinate is 0.
 
         ``[t, k] → [d]`` (``[K, t, k] → [K, d]``). Heavy set ``H = heavy_hitters(S, m)``, or ``indices`` when
@@ -504,14 +485,8 @@ class CountSketch:
         return out.reshape(shape)
 
     # ------------------------------------------------------------------ Alg. 4: HEAPRIX
-    def heaprix(
-        self,
-        S: torch.Tensor,
-        m: int | None = None,
-        exact_heavy_values: torch.Tensor | None = None,
-        *,
-        indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def heaprix(self, S: torch.Tensor, m: int | None = None, exact_heavy_values: torch.Tensor | None = None, *,
+                indices: torch.Tensor | None = None) -> torch.Tensor:
         """HEAPRIX (paper 002, Alg. 4): ``h + PRIVIX[S − S(h)]`` with ``h`` the heavy part; ``[t, k] → [d]``.
 
         By linearity ``S(x) − S(h) = S(x − h)``, so the residual sketch is computed locally from ``S`` and
@@ -527,29 +502,17 @@ class CountSketch:
           ``h`` = those values on ``H``, 0 elsewhere; the residual ``x − h`` is known to be exactly 0 on
           ``H``, so the result is ``h`` on ``H`` and ``PRIVIX[S − S(h)]`` on the rest.
 
-        Federated two-exchange protocol (round r; K participating devices with updates ``x_j ∈ R^d``;
-        weights ``w_j`` summing to 1, e.g. 1/K; sketch ``t × k`` and ``m`` heavy coordinates; float32):
-
-        1. Uplink 1 — device j sends ``S(x_j) = cs.sketch(x_j)``: ``4·t·k`` bytes (``cs.nbytes``).
-           In simulation all devices at once: ``cs.sketch(X)`` with ``X`` of shape ``[K, d]``.
-        2. Server: ``S̄ = Σ_j w_j·S(x_j)`` ( ``= S(x̄)`` by linearity, ``x̄ = Σ_j w_j x_j``); broadcast ``S̄``:
-           ``4·t·k`` bytes downlink.
-        3. Everyone (server and every device) computes ``H = cs.heavy_hitters(S̄, m)`` — ``m`` indices in
-           ascending order, a deterministic function of ``S̄`` and the shared seed, so nothing is sent. (If
-           participants may run on hardware that breaks ties in ``|x̃|`` differently, the server sends ``H``
-           with the broadcast of step 5 instead: ``4·m`` more bytes as int32, and everyone passes
-           ``indices=H``.)
-        4. Uplink 2 — device j sends its exact values ``x_j[H]`` in the order of ``H``: ``4·m`` bytes.
-        5. Server: ``v̄ = Σ_j w_j·x_j[H]`` (same weights as step 2, so that ``v̄ = x̄[H]``); broadcast ``v̄``:
-           ``4·m`` bytes downlink.
-        6. Everyone computes ``Φ = cs.heaprix(S̄, m, exact_heavy_values=v̄)`` (pass ``indices=H`` to skip
-           recomputing H): ``h = v̄`` on ``H``, 0 elsewhere; ``Φ = h + PRIVIX[S̄ − S(h)]`` off ``H``.
-
-        Per device and round: uplink ``4·(t·k + m)`` bytes, downlink ``4·(t·k + m)`` bytes (+``4·m`` if
-        ``H`` is broadcast). With the default ``m = k`` that is ``4·k·(t + 1)``. Steps 4–5 reveal exact
-        coordinates, so that variant is not covered by the sketch's ε (``sketch_epsilon``); skipping them
-        (``exact_heavy_values=None``) gives the paper's single-exchange HEAPRIX, computed from ``S̄`` alone.
-        SketchedSGD uses the same two exchanges and keeps only ``h`` (``cs.heavymix(S̄, m, v̄, indices=H)``).
+        Federated two-exchange protocol (the round of :mod:`fedrun.schemes.sketch`; float32, weights ``w_j``): device j
+        uploads ``S(x_j)`` (``4·t·k`` bytes, ``cs.nbytes``; a simulation sketches all at once, ``cs.sketch(X)``); the
+        server broadcasts ``S̄ = Σ_j w_j·S(x_j) = S(x̄)``; everyone computes ``H = cs.heavy_hitters(S̄, m)``, a
+        deterministic function of ``S̄`` and the seed, so nothing is sent (where hardware may break ties in ``|x̃|``
+        differently the server sends ``H`` too, ``4·m`` bytes as int32, and everyone passes ``indices=H``); device j
+        uploads ``x_j[H]`` (``4·m`` bytes) and the server broadcasts ``v̄ = Σ_j w_j·x_j[H] = x̄[H]`` (same weights);
+        everyone computes ``Φ = cs.heaprix(S̄, m, exact_heavy_values=v̄, indices=H)``. Per device and round:
+        ``4·(t·k + m)`` bytes up and down, ``4·k·(t + 1)`` at the default ``m = k``. The exact values are not covered
+        by the sketch's ε (``sketch_epsilon``); without them (``exact_heavy_values=None``) this is the paper's
+        single-exchange HEAPRIX. SketchedSGD uses the same exchanges and keeps only ``h``
+        (``cs.heavymix(S̄, m, v̄, indices=H)``).
         """
         S_flat, idx, heavy, shape = self._heavy_part(S, m, exact_heavy_values, indices, "exact_heavy_values")
         residual = S_flat - self._sketch_sparse(idx, heavy)

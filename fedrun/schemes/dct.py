@@ -29,29 +29,23 @@ FISTA estimate beat the exact BPDN solution (``fedrun/compress/cs.py``). Options
 from __future__ import annotations
 
 import functools
-
 import math
 import time
+
 import numpy as np
 import torch
 
 from fedrun.comm import Message
 from fedrun.compress.cs import SOLVERS, DCTCompressor
-from fedrun.compress.dct import transform_flops
-from fedrun.compress.l1 import lambda_path
-
-#: bpdn's defaults as DCTCompressor.reconstruct_with_info calls it: λ-continuation ratio, and OWL-QN's L-BFGS memory
-CONTINUATION, OWLQN_MEMORY = 0.3, 6
+from fedrun.compress.l1 import bpdn_budget
 from fedrun.schemes.base import ClientView, Env, Scheme, check
 from fedrun.schemes.random import check_ratio
 from fedrun.transfer.server import intra_op_threads
 
 
+#: a run's compressor, built once (each client's codec is set up afresh): a pure, shared transform
+_compressor = functools.lru_cache(maxsize=4)(DCTCompressor)
 
-@functools.lru_cache(maxsize=4)
-def _compressor(n, r, chunks, seed, shuffle, pad_to_fast_len, device) -> DCTCompressor:
-    return DCTCompressor(n, r, chunks=chunks, seed=seed, shuffle=shuffle, pad_to_fast_len=pad_to_fast_len,
-                         device=device)
 
 class DCTScheme(Scheme):
     """Shared part of FL-FREQ and FL-CS: the DCT compressor, m, the 4·m-byte upload."""
@@ -71,7 +65,7 @@ class DCTScheme(Scheme):
         self.pad_to_fast_len = check("pad_to_fast_len", pad_to_fast_len, **opt_bool)
 
     def setup(self, env: Env) -> None:
-        try:  # built once per run (each client's codec is set up afresh): a pure, shared transform
+        try:
             c = _compressor(env.n, self.r, self.chunks, env.shared_seed(0, "dct_shuffle"), self.shuffle,
                             self.pad_to_fast_len, env.device)
         except ValueError as exc:
@@ -84,10 +78,6 @@ class DCTScheme(Scheme):
 
     def encode(self, rnd: int, updates: torch.Tensor, state: ClientView) -> torch.Tensor:
         return self.comp.compress(updates)
-
-    def transform_flops(self) -> float:
-        """T: one application of Φ or Φᵀ, P transforms of the chunk length c (:func:`fedrun.compress.dct.transform_flops`)."""
-        return self.comp.chunks * transform_flops(self.comp.chunk_len)
 
 
 class FreqScheme(DCTScheme):
@@ -104,7 +94,7 @@ class FreqScheme(DCTScheme):
     def server_flops(self, n: int) -> float:
         """The step (:meth:`Scheme.server_flops`) + the zero-filled inverse DCT Φᵀy: T = 2.5·c·log₂c + 4c, c = n (or its
         5-smooth padded length with ``pad_to_fast_len``)."""
-        return super().server_flops(n) + self.transform_flops()
+        return super().server_flops(n) + self.comp.transform_flops()
 
 
 class CompressiveSensingScheme(DCTScheme):
@@ -150,33 +140,13 @@ class CompressiveSensingScheme(DCTScheme):
         return lam
 
     def solver_bound(self) -> tuple[int, int]:
-        """(S, I): the λ-continuation stages and the iterations (per chunk for OWL-QN) that :func:`fedrun.compress.l1.bpdn`
-        runs at most: S = len(λ path) at λ/λ_max = ``lam_rel`` (a DP-raised λ only shortens it), I = the budget
-        ``max_iter``, or (S − 1)·⌊(max_iter//2)/(S − 1)⌋ + 1 when one iteration per early stage exceeds it."""
-        stages = len(lambda_path(1.0, self.lam_rel, CONTINUATION))
-        early = max(1, (self.max_iter // 2) // max(1, stages - 1)) * (stages - 1)
-        return stages, early + max(1, self.max_iter - early)
+        """(S, I): the stages and iterations (per chunk for OWL-QN) the decoder runs at most (:func:`bpdn_budget`)."""
+        return bpdn_budget(self.lam_rel, self.max_iter)
 
     def server_flops(self, n: int) -> float:
-        """An upper bound of FL-CS's server work (lines 9–13), from the solver's iteration budget, never its data-dependent
-        count. With T = P·(2.5·c·log₂c + 4c) one Φ or Φᵀ, N = P·c entries in the chunk domain, (S, I) =
-        :meth:`solver_bound`, ρ-momentum and error feedback 4m (u ← ρu + y, p = u + e, e = p − Φs):
-
-        * FISTA: 4m + (3 + 2S)·(T + 2N) + (I + 1)·T + I·(T + 15N) — Φᵀ and |·|-max for λ_max (decode, solver, path)
-          and per stage for λ_max and Φᵀy; per iteration Φ, Φᵀ and 15 ops per entry (gradient step 2, soft threshold
-          4, step 1, restart test 2, momentum 2, two norms 4); Φs once after.
-        * OWL-QN (per chunk, length c, T_c = 2.5·c·log₂c + 4c, memory M = 6): 4m + 2(T + 2N) + T
-          + P·[(1 + 2S)·(T_c + 2c) + I·(2T_c + (4M + 13)·c)] — one objective-and-gradient evaluation per iteration
-          (the line search's first trial step: a model, not a bound) and L-BFGS's two-loop recursion 4Mc.
-        Plus the step (:meth:`Scheme.server_flops`)."""
-        m, P, c = self.m, self.comp.chunks, self.comp.chunk_len
-        T, N = self.transform_flops(), float(P * c)
-        S, I = self.solver_bound()
-        if self.solver == "fista":
-            decode = 4 * m + (3 + 2 * S) * (T + 2 * N) + (I + 1) * T + I * (T + 15 * N)
-        else:
-            Tc, M = transform_flops(c), OWLQN_MEMORY
-            decode = 4 * m + 2 * (T + 2 * N) + T + P * ((1 + 2 * S) * (Tc + 2 * c) + I * (2 * Tc + (4 * M + 13) * c))
+        """The step (:meth:`Scheme.server_flops`) + an upper bound of FL-CS's decode (lines 9–13): ρ-momentum and
+        error feedback 4m (u ← ρu + y, p = u + e, e = p − Φs) + the solver's (:meth:`DCTCompressor.reconstruct_flops`)."""
+        decode = self.comp.reconstruct_flops(self.solver, self.lam_rel, self.max_iter, base=4 * self.m)
         return super().server_flops(n) + float(decode)
 
     def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:

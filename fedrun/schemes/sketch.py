@@ -17,15 +17,13 @@ Every device keeps the model and updates it from S̄ (the paper "broadcasts it t
 from __future__ import annotations
 
 import functools
-
 import logging
-import math
 
 import numpy as np
 import torch
 
 from fedrun.comm import Message
-from fedrun.compress.sketch import CountSketch, theorem1
+from fedrun.compress.sketch import CountSketch, theorem1, unsketch_flops
 from fedrun.schemes.base import ClientView, Env, Received, Scheme, check
 from fedrun.schemes.fedavg import FedAvg
 
@@ -38,7 +36,6 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     return str(value)
 
 
-
 #: a run's count sketches and Theorem 1's figure, built once (each client's codec is set up afresh)
 _count_sketch = functools.lru_cache(maxsize=4)(CountSketch)
 
@@ -49,6 +46,7 @@ def _theorem1(t: int, k: int, n: int, c_over_sigma, alpha: float, exact_values: 
     log.info("sketch_epsilon %s under %s", tags["sketch_epsilon_status"] if epsilon is None else epsilon,
              tags["sketch_epsilon_assumption"])
     return epsilon, tags
+
 
 class SketchScheme(Scheme):
     """The count-sketch schemes' shared parts: the sketch, sizes, Theorem 1; options: conf/scheme/fedsketch.yaml."""
@@ -100,15 +98,6 @@ class SketchScheme(Scheme):
             self._cs = {rnd: _count_sketch(self.n, self.rows, self.cols, self.seed_of(rnd, "count_sketch"), self.device)}
         return self._cs[rnd]
 
-    def privix_flops(self) -> float:
-        """PRIVIX over all n coordinates: n·t·(1 + ⌈log₂t⌉) — t sign multiplies and a sort of t values for the median."""
-        t = self.rows
-        return float(self.n * t * (1 + math.ceil(math.log2(t))))
-
-    def heavy_flops(self) -> float:
-        """H = top-m of |PRIVIX[S̄]|: PRIVIX + n·(1 + ⌈log₂m⌉) (|·| and a heap of m)."""
-        return self.privix_flops() + self.n * (1 + math.ceil(math.log2(max(self.m, 1))))
-
     def query(self, rnd: int, aggregate: torch.Tensor) -> torch.Tensor:
         """H = heavy_hitters(S̄, m), computed by every device from S̄ (nothing sent for H)."""
         return self.sketch(rnd).heavy_hitters(aggregate.reshape(self.rows, self.cols), self.m)
@@ -131,19 +120,10 @@ class FedSketch(SketchScheme):
         return self.sketch(rnd).sketch(-updates).reshape(len(updates), -1)  # S_j = S(Δ_j)
 
     def server_flops(self, n: int) -> float:
-        """The step (:meth:`Scheme.server_flops`) + the unsketch, with A = n·t·(1 + ⌈log₂t⌉) (PRIVIX) and
-        B = A + n·(1 + ⌈log₂m⌉) (heavy hitters H):
-
-        * PRIVIX: A.
-        * HEAPRIX, sketch-only values (Alg. 4): B + 2mt (S(h) of the m heavy values) + tk (S̄ − S(h)) + A + m (h added).
-        * HEAPRIX, exact values: B (the query's H, computed once) + 2mt + tk + A (values on H are the exact ones).
-
-        FedSKETCHGATE's server does the same (its feedback is the devices' work)."""
-        t, k, m = self.rows, self.cols, self.m
-        if self.unsketch == "privix":
-            work = self.privix_flops()
-        else:
-            work = self.heavy_flops() + 2 * m * t + t * k + self.privix_flops() + (0 if self.queries else m)
+        """The step (:meth:`Scheme.server_flops`) + the unsketch (with exact values, the query's H too):
+        :func:`fedrun.compress.sketch.unsketch_flops`. FedSKETCHGATE's server does the same (its feedback is the
+        devices' work)."""
+        work = unsketch_flops(self.n, self.rows, self.cols, self.unsketch, self.m, self.queries)
         return super().server_flops(n) + float(work)
 
     def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from fedrun.compress.sketch import heavy_flops
 from fedrun.schemes.base import ClientView, Env, Received, check
 from fedrun.schemes.sketch import SketchScheme
 
@@ -75,7 +76,7 @@ class SketchedSGD(SketchScheme):
     def server_flops(self, n: int) -> float:
         """The step (:meth:`Scheme.server_flops`) + the query's heavy hitters, n·t·(1 + ⌈log₂t⌉) + n·(1 + ⌈log₂m⌉);
         the decode places v̄ on H (memory moves only)."""
-        return super().server_flops(n) + self.heavy_flops()
+        return super().server_flops(n) + heavy_flops(self.n, self.rows, self.m)
 
     def decode(self, rnd: int, aggregate: torch.Tensor, exact: torch.Tensor | None = None) -> torch.Tensor:
         """x ← x − γ·v̄ on H."""
