@@ -296,3 +296,33 @@ def test_the_participation_ledger_resumes_with_the_run(fast_cfg, tmp_path):
     assert np.array_equal(again.sim.privatizer.ledger.count, built.sim.privatizer.ledger.count)
     with pytest.raises(CohortContractError, match="round 2: client"):
         again.sim.run_round(2, built.sim.select(1))  # round 1's group again, one round later
+
+
+@pytest.mark.parametrize("declared, stopped", [("b=1", False), ("b=self.groups", True)])
+def test_a_sampler_added_from_docs_extending_alone_is_held_to_its_law(fast_cfg, tmp_path, monkeypatch, declared,
+                                                                     stopped):
+    """docs/extending.md's sampler (its one file and one YAML, as printed) runs a DP run under the schema it declares
+    (b = 1: epochs reshuffle); the same file declaring the cyclic sampler's tighter b = G is stopped by the ledger."""
+    import sys
+    import types
+    from pathlib import Path
+
+    import yaml
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text()
+    code = doc.split("`fedrun/epoch_sampler.py`:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    node = yaml.safe_load(doc.split("`conf/sampler/epoch.yaml`", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0])
+    assert "b=1)" in code
+    module = types.ModuleType("fedrun.epoch_sampler")
+    exec(code.replace("b=1)", f"{declared})"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "fedrun.epoch_sampler", module)
+    c = OmegaConf.to_container(fast_cfg(*DP[:2], "dp=true", "epsilon=4", "delta=1e-5", "num_clients=12",
+                                        "clipping_norm=0.05", "sampler=cyclic", "clients_per_round=4", "rounds=6"),
+                               resolve=True)
+    c["sampler"] = {"_target_": node["_target_"], "clients_per_round": 4}
+    if stopped:
+        with pytest.raises(CohortContractError, match=r"^sampler=epoch broke its declared participation law "
+                                                      r"Schema\(k=2, b=3\)"):
+            run(c, out_dir=tmp_path)
+    else:
+        assert run(c, out_dir=tmp_path)["rounds_completed"] == 6
