@@ -165,10 +165,12 @@ Cell = namedtuple("Cell", "header value how spec level best paper", defaults=(""
                                                                               None, None))
 #: a number of the paper: where it is for (dims), the quantity, where it stands, how it was inferred if it was
 P = namedtuple("P", "at quantity number where how spec", defaults=("", None))
-#: a claim: ``comps`` (:func:`gt`, :func:`near`, …) must all hold (``any``: one); ``fixed``: instead a verdict stated
-#: without a test (``by construction``, ``not attempted``, ``exploratory``) and why. From a registry (:func:`registry`):
-#: its ``id``, ``family`` (primary, secondary), the ``seeds`` that judge it (None: every run), ``looks`` (its p is
-#: multiplied by them: Bonferroni over the looks taken before seeds were added) and the registry ``row``
+#: a claim: ``comps`` must all hold (``any``: one), each (terms, kind, bound, center): d = Σ coef·mean(cell) over
+#: ``terms`` ((cell, coef), …), ``>`` / ``<`` the claim d > bound / d < bound, ``≈`` |d − center| < bound (a margin);
+#: ``fixed``: instead a verdict stated without a test (``by construction``, ``not attempted``, ``exploratory``) and
+#: why. From a registry (:func:`registry`): its ``id``, ``family`` (primary, secondary), the ``seeds`` that judge it
+#: (None: every run), ``looks`` (its p is multiplied by them: Bonferroni over the looks taken before seeds were added)
+#: and the registry ``row``
 Claim = namedtuple("Claim", "text value comps paper where any fixed id family seeds looks row",
                    defaults=("", "", False, None, "", "secondary", None, 1, None))
 FAMILY_ORDER = ("primary", "secondary")
@@ -227,7 +229,7 @@ def registry(root: Path, path: str, report: str) -> list[Claim]:
         shared = dict(kv.split("=", 1) for kv in r["config"].split(";") if kv)
         kind, bound, center = SHAPES[r["test"]](float(r["bound"] or 0), float(r["margin"] or 0))
         joined = " | " if " | " in r["comparisons"] else " & "
-        comps = tuple(contrast(_cells(c, shared), kind, bound, center) for c in r["comparisons"].split(joined))
+        comps = tuple((_cells(c, shared), kind, bound, center) for c in r["comparisons"].split(joined))
         out.append(Claim(comps=comps, any=joined == " | ", **common))
     return out
 
@@ -239,15 +241,9 @@ def numbers(root: Path, out: str, report: str) -> list[P]:
                 for r in csv.DictReader(f) if r["report"] == report]
 
 
-def contrast(terms: tuple, kind: str = ">", bound: float = 0.0, center: float = 0.0) -> tuple:
-    """A comparison: d = Σ coef·mean(cell) over ``terms`` ((cell, coef), …); ``>`` / ``<``: the claim d > bound /
-    d < bound, ``≈``: the claim |d − center| < bound (an equivalence margin)."""
-    return terms, kind, bound, center
-
-
 def gt(a: dict, b: dict, shift: float = 0.0) -> tuple:
-    """mean(a) − mean(b) > shift."""
-    return contrast(((a, 1.0), (b, -1.0)), ">", shift)
+    """The comparison mean(a) − mean(b) > shift, as a claim's ``comps`` hold them (see :data:`Claim`)."""
+    return ((a, 1.0), (b, -1.0)), ">", shift, 0.0
 
 
 #: every :class:`Report` made in this process (tests read their :attr:`Report.mixed`)
@@ -336,12 +332,10 @@ class Report:
         ok = ~runs[value].isna()
         return (np.asarray(runs[value][ok], dtype=float), np.asarray(runs[f"{value}_reached"][ok], dtype=bool))
 
-    def sort(self, names: Sequence[str], keys: Iterable[tuple]) -> list[tuple]:
-        return sorted(set(keys), key=lambda k: tuple(self.dims[n].order(v) for n, v in zip(names, k)))
-
     def combos(self, names: Sequence[str], at: Mapping[str, Any] = {}) -> list[tuple]:
         """The combinations of the ``names`` dims that have runs (among the cells matching ``at``), in order."""
-        return self.sort(names, (tuple(r) for r in self.match(at)[list(names)].itertuples(index=False)))
+        return sorted(set(self.match(at)[list(names)].itertuples(index=False, name=None)),
+                      key=lambda k: tuple(self.dims[n].order(v) for n, v in zip(names, k)))
 
     def present(self, d: str, at: Mapping[str, Any] = {}) -> list:
         """The values of ``d`` that have runs (among the cells matching ``at``), in the dim's order."""
@@ -667,14 +661,8 @@ def _same(x: Any, text: str) -> bool:
 
 def _ranges(seeds: Sequence[int]) -> str:
     """0, 1, 2, 3, 5 → 0–3, 5."""
-    out, run = [], [seeds[0]] if seeds else []
-    for x in list(seeds[1:]) + [None]:
-        if x is not None and x == run[-1] + 1:
-            run.append(x)
-            continue
-        out.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [x]
-    return ", ".join(out)
+    runs = [[x for _, x in g] for _, g in itertools.groupby(enumerate(seeds), lambda ix: ix[1] - ix[0])]
+    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def _natural(key: str) -> tuple:
