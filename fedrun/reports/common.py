@@ -591,11 +591,13 @@ class Report:
                 "exploratory seeds (not judged)"]
         return "## Primary claims (every report of the registry)\n\n" + md(head, rows) if rows else ""
 
-    def files(self, blocks: Mapping[str, str], figures: Mapping[str, bytes] = {}, claims: Sequence[Claim] = (),
-              expect: Sequence[Mapping[str, Any]] = (), readme: bool = True) -> dict[Path, bytes]:
+    def files(self, blocks: Mapping[str, str], figures: Mapping[str, bytes] = {},
+              expect: Sequence[Mapping[str, Any]] = (), claims: bool = False, readme: bool = True) -> dict[Path, bytes]:
         """The report's files (paths relative to the root): its figures, its markdown (the template
         ``<output>.template.md`` filled with ``blocks`` and the runs line, coverage, claims, the paper's primary
-        claims and numbers), with claims ``<output>.verdicts.csv`` and README.md with its claims block regenerated."""
+        claims and numbers); with ``claims`` (its rows of the registry ``claims.csv`` beside ``output``),
+        ``<output>.verdicts.csv`` and README.md with its claims block regenerated."""
+        claims = registry(self.root, str(Path(self.output).parent / "claims.csv"), self.name) if claims else []
         verdicts = self.verdicts(claims) if claims else []
         blocks = {"runs": self.runs_line(), **({"cells": self.coverage(expect)} if expect else {}),
                   **({"claims": self.claims(claims, verdicts), "summary": self.summary()} if claims else {}),
@@ -603,11 +605,9 @@ class Report:
         out = {Path(self.output).parent / f: b for f, b in figures.items()}
         out[Path(self.output)] = fill(self.root / Path(self.output).with_suffix(".template.md"), blocks).encode()
         if claims:
-            buf = io.StringIO()
-            w = csv.writer(buf, lineterminator="\n")
-            w.writerow(["report", "id", "family", "verdict", "claim"])
-            w.writerows([self.name, c.id, c.family, v, c.text] for c, (v, _) in zip(claims, verdicts))
-            out[Path(self.output).with_suffix(".verdicts.csv")] = buf.getvalue().encode("utf-8")
+            out[Path(self.output).with_suffix(".verdicts.csv")] = pd.DataFrame(
+                [(self.name, c.id, c.family, v, c.text) for c, (v, _) in zip(claims, verdicts)],
+                columns=["report", "id", "family", "verdict", "claim"]).to_csv(index=False).encode("utf-8")
         if claims and readme:
             path = self.root / README
             if not path.exists():
