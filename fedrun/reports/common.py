@@ -389,14 +389,11 @@ class Report:
         out = []
         for sv in (self.present(split, where) if split else [None]):
             at = {**where, **({split: sv} if split else {})}
-            cols: list[tuple[Cell, dict]] = []
-
-            def walk(depth: int, fixed: dict) -> None:
-                cols.extend((c, dict(fixed)) for c in cells if (len(columns) if c.level is None else c.level) == depth)
-                for v in self.present(columns[depth], {**at, **fixed}) if depth < len(columns) else []:
-                    walk(depth + 1, {**fixed, columns[depth]: v})
-
-            walk(0, {})
+            # a cell of level l under every combination of the first l column dims with runs, each before its children
+            keys = sorted({()} | {k[:n] for k in self.combos(columns, at) for n in range(1, len(columns) + 1)},
+                          key=lambda k: tuple(self.dims[d].order(v) for d, v in zip(columns, k)))
+            cols = [(c, dict(zip(columns, k))) for k in keys for c in cells
+                    if (len(columns) if c.level is None else c.level) == len(k)]
             used, body = set(), []
             for key in self.combos(rows, at):
                 ctx = {**at, **dict(zip(rows, key))}
