@@ -167,10 +167,12 @@ Cell = namedtuple("Cell", "header value how spec level best paper", defaults=(""
                                                                               None, None))
 #: a number of the paper: where it is for (dims), the quantity, where it stands, how it was inferred if it was
 P = namedtuple("P", "at quantity number where how spec", defaults=("", None))
-#: a claim: ``comps`` (:func:`gt`, :func:`near`, …) must all hold (``any``: one); ``fixed``: instead a verdict stated
-#: without a test (``by construction``, ``not attempted``, ``exploratory``) and why. From a registry (:func:`registry`):
-#: its ``id``, ``family`` (primary, secondary), the ``seeds`` that judge it (None: every run), ``looks`` (its p is
-#: multiplied by them: Bonferroni over the looks taken before seeds were added) and the registry ``row``
+#: a claim: ``comps`` must all hold (``any``: one), each (terms, kind, bound, center): d = Σ coef·mean(cell) over
+#: ``terms`` ((cell, coef), …), ``>`` / ``<`` the claim d > bound / d < bound, ``≈`` |d − center| < bound (a margin);
+#: ``fixed``: instead a verdict stated without a test (``by construction``, ``not attempted``, ``exploratory``) and
+#: why. From a registry (:func:`registry`): its ``id``, ``family`` (primary, secondary), the ``seeds`` that judge it
+#: (None: every run), ``looks`` (its p is multiplied by them: Bonferroni over the looks taken before seeds were added)
+#: and the registry ``row``
 Claim = namedtuple("Claim", "text value comps paper where any fixed id family seeds looks row",
                    defaults=("", "", False, None, "", "secondary", None, 1, None))
 FAMILY_ORDER = ("primary", "secondary")
@@ -229,7 +231,7 @@ def registry(root: Path, path: str, report: str) -> list[Claim]:
         shared = dict(kv.split("=", 1) for kv in r["config"].split(";") if kv)
         kind, bound, center = SHAPES[r["test"]](float(r["bound"] or 0), float(r["margin"] or 0))
         joined = " | " if " | " in r["comparisons"] else " & "
-        comps = tuple(contrast(_cells(c, shared), kind, bound, center) for c in r["comparisons"].split(joined))
+        comps = tuple((_cells(c, shared), kind, bound, center) for c in r["comparisons"].split(joined))
         out.append(Claim(comps=comps, any=joined == " | ", **common))
     return out
 
@@ -241,15 +243,9 @@ def numbers(root: Path, out: str, report: str) -> list[P]:
                 for r in csv.DictReader(f) if r["report"] == report]
 
 
-def contrast(terms: tuple, kind: str = ">", bound: float = 0.0, center: float = 0.0) -> tuple:
-    """A comparison: d = Σ coef·mean(cell) over ``terms`` ((cell, coef), …); ``>`` / ``<``: the claim d > bound /
-    d < bound, ``≈``: the claim |d − center| < bound (an equivalence margin)."""
-    return terms, kind, bound, center
-
-
 def gt(a: dict, b: dict, shift: float = 0.0) -> tuple:
-    """mean(a) − mean(b) > shift."""
-    return contrast(((a, 1.0), (b, -1.0)), ">", shift)
+    """The comparison mean(a) − mean(b) > shift, as a claim's ``comps`` hold them (see :data:`Claim`)."""
+    return ((a, 1.0), (b, -1.0)), ">", shift, 0.0
 
 
 #: every :class:`Report` made in this process (tests read their :attr:`Report.mixed`)
@@ -338,12 +334,10 @@ class Report:
         ok = ~runs[value].isna()
         return (np.asarray(runs[value][ok], dtype=float), np.asarray(runs[f"{value}_reached"][ok], dtype=bool))
 
-    def sort(self, names: Sequence[str], keys: Iterable[tuple]) -> list[tuple]:
-        return sorted(set(keys), key=lambda k: tuple(self.dims[n].order(v) for n, v in zip(names, k)))
-
     def combos(self, names: Sequence[str], at: Mapping[str, Any] = {}) -> list[tuple]:
         """The combinations of the ``names`` dims that have runs (among the cells matching ``at``), in order."""
-        return self.sort(names, (tuple(r) for r in self.match(at)[list(names)].itertuples(index=False)))
+        return sorted(set(self.match(at)[list(names)].itertuples(index=False, name=None)),
+                      key=lambda k: tuple(self.dims[n].order(v) for n, v in zip(names, k)))
 
     def present(self, d: str, at: Mapping[str, Any] = {}) -> list:
         """The values of ``d`` that have runs (among the cells matching ``at``), in the dim's order."""
@@ -397,14 +391,11 @@ class Report:
         out = []
         for sv in (self.present(split, where) if split else [None]):
             at = {**where, **({split: sv} if split else {})}
-            cols: list[tuple[Cell, dict]] = []
-
-            def walk(depth: int, fixed: dict) -> None:
-                cols.extend((c, dict(fixed)) for c in cells if (len(columns) if c.level is None else c.level) == depth)
-                for v in self.present(columns[depth], {**at, **fixed}) if depth < len(columns) else []:
-                    walk(depth + 1, {**fixed, columns[depth]: v})
-
-            walk(0, {})
+            # a cell of level l under every combination of the first l column dims with runs, each before its children
+            keys = sorted({()} | {k[:n] for k in self.combos(columns, at) for n in range(1, len(columns) + 1)},
+                          key=lambda k: tuple(self.dims[d].order(v) for d, v in zip(columns, k)))
+            cols = [(c, dict(zip(columns, k))) for k in keys for c in cells
+                    if (len(columns) if c.level is None else c.level) == len(k)]
             used, body = set(), []
             for key in self.combos(rows, at):
                 ctx = {**at, **dict(zip(rows, key))}
@@ -599,11 +590,13 @@ class Report:
                 "exploratory seeds (not judged)"]
         return "## Primary claims (every report of the registry)\n\n" + md(head, rows) if rows else ""
 
-    def files(self, blocks: Mapping[str, str], figures: Mapping[str, bytes] = {}, claims: Sequence[Claim] = (),
-              expect: Sequence[Mapping[str, Any]] = (), readme: bool = True) -> dict[Path, bytes]:
+    def files(self, blocks: Mapping[str, str], figures: Mapping[str, bytes] = {},
+              expect: Sequence[Mapping[str, Any]] = (), claims: bool = False, readme: bool = True) -> dict[Path, bytes]:
         """The report's files (paths relative to the root): its figures, its markdown (the template
         ``<output>.template.md`` filled with ``blocks`` and the runs line, coverage, claims, the paper's primary
-        claims and numbers), with claims ``<output>.verdicts.csv`` and README.md with its claims block regenerated."""
+        claims and numbers); with ``claims`` (its rows of the registry ``claims.csv`` beside ``output``),
+        ``<output>.verdicts.csv`` and README.md with its claims block regenerated."""
+        claims = registry(self.root, str(Path(self.output).parent / "claims.csv"), self.name) if claims else []
         verdicts = self.verdicts(claims) if claims else []
         blocks = {"runs": self.runs_line(), **({"cells": self.coverage(expect)} if expect else {}),
                   **({"claims": self.claims(claims, verdicts), "summary": self.summary()} if claims else {}),
@@ -611,11 +604,9 @@ class Report:
         out = {Path(self.output).parent / f: b for f, b in figures.items()}
         out[Path(self.output)] = fill(self.root / Path(self.output).with_suffix(".template.md"), blocks).encode()
         if claims:
-            buf = io.StringIO()
-            w = csv.writer(buf, lineterminator="\n")
-            w.writerow(["report", "id", "family", "verdict", "claim"])
-            w.writerows([self.name, c.id, c.family, v, c.text] for c, (v, _) in zip(claims, verdicts))
-            out[Path(self.output).with_suffix(".verdicts.csv")] = buf.getvalue().encode("utf-8")
+            out[Path(self.output).with_suffix(".verdicts.csv")] = pd.DataFrame(
+                [(self.name, c.id, c.family, v, c.text) for c, (v, _) in zip(claims, verdicts)],
+                columns=["report", "id", "family", "verdict", "claim"]).to_csv(index=False).encode("utf-8")
         if claims and readme:
             path = self.root / README
             if not path.exists():
@@ -670,14 +661,8 @@ def _same(x: Any, text: str) -> bool:
 
 def _ranges(seeds: Sequence[int]) -> str:
     """0, 1, 2, 3, 5 → 0–3, 5."""
-    out, run = [], [seeds[0]] if seeds else []
-    for x in list(seeds[1:]) + [None]:
-        if x is not None and x == run[-1] + 1:
-            run.append(x)
-            continue
-        out.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [x]
-    return ", ".join(out)
+    runs = [[x for _, x in g] for _, g in itertools.groupby(enumerate(seeds), lambda ix: ix[1] - ix[0])]
+    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def _natural(key: str) -> tuple:

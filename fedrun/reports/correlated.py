@@ -4,16 +4,14 @@ claims are read from the registry ``results/correlated/claims.csv``, committed b
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
-import numpy as np
-
 from fedrun.reports import stats
-from fedrun.reports.common import Cell, Report, column, dims, export, fmt, load, md, registry
+from fedrun.reports.common import Cell, Report, column, dims, export, fmt, load, md
 
 E = export("results/correlated", "correlated-kerkouche21")
-REGISTRY = "results/correlated/claims.csv"
 TARGET = 0.5  # test accuracy for the time to target (results/deploy's paper-000 target)
 CONDITIONS = {"poisson": "independent · Poisson q = 0.01 (amplified)",
               "mobile_goal": "independent · Poisson 1.3q, report goal (2S)",
@@ -49,23 +47,20 @@ def correlated(root: Path) -> dict[Path, bytes]:
     timed = [_time(row) for row in df.to_dict("records")]
     df = df.assign(final=m("test_accuracy"), best=m("best_test_accuracy"), eps=m("epsilon_final"),
                    sigma=m("dp_noise_multiplier"), up_mb=m("uplink_bytes_total") / 1e6,
-                   ttt=[t for t, _ in timed], reached=[h for _, h in timed])
+                   ttt=[t for t, _ in timed], ttt_reached=[h for _, h in timed])
     rep = Report("correlated", root, "results/correlated/table.md", [E], df,
                  dims(condition=dict(values=CONDITIONS), scheme=dict(values=SCHEMES), seed={}))
-    claims = registry(root, REGISTRY, rep.name)
     km = []
-    for cond in CONDITIONS:
-        for scheme in SCHEMES:
-            runs = rep.match(dict(condition=cond, scheme=scheme))
-            if len(runs):
-                t, hit = np.asarray(runs["ttt"], dtype=float), np.asarray(runs["reached"], dtype=bool)
-                km.append((CONDITIONS[cond], SCHEMES[scheme], fmt(stats.km_median(t, hit), "{:.0f}"),
-                           f"{hit.mean():.2f}", str(len(runs))))
+    for cond, scheme in itertools.product(CONDITIONS, SCHEMES):
+        t, hit = rep.censored(dict(condition=cond, scheme=scheme), "ttt")
+        if len(t):
+            km.append((CONDITIONS[cond], SCHEMES[scheme], fmt(stats.km_median(t, hit), "{:.0f}"), f"{hit.mean():.2f}",
+                       str(len(t))))
     blocks = {
         "table": rep.table(["condition"], [Cell("final accuracy", "final"), Cell("best accuracy", "best"),
                                            Cell("σ", "sigma", how="mean", spec="{:.3f}"),
                                            Cell("ε", "eps", how="mean", spec="{:.3f}"),
                                            Cell("uplink MB", "up_mb", how="mean", spec="{:.1f}")], ["scheme"]),
         "time": md(["noise · accounting", "scheme", f"median s to {TARGET} (Kaplan–Meier)", "reached", "runs"], km)}
-    return rep.files(blocks, claims=claims, expect=[dict(condition=["poisson", "mobile_goal", "cyclic", "sqrt_toeplitz",
+    return rep.files(blocks, claims=True, expect=[dict(condition=["poisson", "mobile_goal", "cyclic", "sqrt_toeplitz",
                                                                     "banded"], scheme=list(SCHEMES))])

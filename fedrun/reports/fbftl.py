@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import (Cell, Export, Report, at, column, dims, export, load, numbers, reach, registry,
-                                   series_value)
+from fedrun.reports.common import Cell, Export, Report, at, column, dims, export, load, numbers, reach, series_value
 
 OUT = "results/fbftl"
-REGISTRY = f"{OUT}/claims.csv"
 FM, MF, TUNED = (export(OUT, f"fbftl-{n}", every=5) for n in ("femnist-mnist", "mnist-fashion", "tuned"))
 SCHEMES = {"fl": "FL", "ftl_full": "FTL-full", "ftl_c": "FTL-c", "fbftl": "FbFTL",
            "ftl_c_matched": "FTL-c at FbFTL's budget (1,200 rounds)"}
@@ -77,7 +75,6 @@ def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100)
     pairs, paper_schemes = (("mnist", "femnist"), ("fashion_mnist", "mnist")), list(SCHEMES)[:4]
     expect = [dict(target=t, source=src, scheme=paper_schemes, rounds=rounds) for t, src in pairs] + [
         dict(target=t, source=src, scheme="ftl_c_matched", rounds=MATCHED * rounds) for t, src in pairs]
-    claims = registry(root, REGISTRY, rep.name)
     rows = ["source", "scheme"]
     figure = rep.curves("table_accuracy.svg", ["target"], ["scheme"], "LeNet-5, 6000 clients: test accuracy per round "
                         "(FbFTL: per server epoch), mean over seeds (band: ± std)", {"scheme": tuple(paper_schemes)},
@@ -106,7 +103,7 @@ def table(root: Path, exports: tuple[Export, ...] = (FM, MF), rounds: int = 100)
             split="target", drop_empty=True),
         "leakage": rep.table(["source", "target"], [Cell("observed", "leak"), Cell("expected", "leak_expected", "same"),
                                                     Cell("prior uncertainty", "prior_bits", "same")],
-                             where={"scheme": "fbftl"})}, figure, claims, expect)
+                             where={"scheme": "fbftl"})}, figure, expect, claims=True)
 
 
 def tuned(root: Path) -> dict[Path, bytes]:
@@ -120,10 +117,9 @@ def tuned(root: Path) -> dict[Path, bytes]:
                                                               "on held-out uploads"}, header="server lr"),
         rounds=dict(values=[100]), seed={}), where={"status": ("FINISHED",), "params.scheme.clients_hold_source": (
             "False", ""), "source_model": ("per seed",)})
-    claims = registry(root, REGISTRY, rep.name)
     return rep.files({"table": rep.table(["lr_choice"], [
         Cell("server lr (min)", "lr", "min", "{:g}"), Cell("server lr (max)", "lr", "max", "{:g}"),
         Cell("held-out accuracy", "val", spec="{:.4f}"), Cell("total uplink, Mb", "up_mb", spec="{:.4g}"),
         Cell("final test accuracy", "acc", spec="{:.4f}"), Cell("best test accuracy", "best", spec="{:.4f}")],
-        split="target")}, {}, claims, [dict(target=["mnist", "fashion_mnist"], scheme="fbftl",
-                                            lr_choice=["fixed", "tuned"], rounds=100)])
+        split="target")}, {}, [dict(target=["mnist", "fashion_mnist"], scheme="fbftl", lr_choice=["fixed", "tuned"],
+                                    rounds=100)], claims=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import Cell, Report, at, column, dims, export, load, numbers, registry, series_value
+from fedrun.reports.common import Cell, Report, at, column, dims, export, load, numbers, series_value
 
 OUT = "results/fedsketch"
 HOM, HET, TUNE, HEAVY = (export(OUT, f"fedsketch-{n}", every=10)
@@ -77,8 +77,6 @@ def figures(root: Path) -> dict[Path, bytes]:
               dict(split="heterogeneous", scheme="fedsketchgate", unsketch=["privix", "heaprix"], sketch="20",
                    lr=[0.01, 0.003], tau=1),
               dict(split="heterogeneous", scheme="fedsketchgate", unsketch="heaprix", sketch="50", lr=0.01, tau=1)]
-
-    claims = registry(root, f"{OUT}/claims.csv", rep.name)
     lines = ["scheme", "unsketch", "sketch"]
     figs = {**rep.curves("figure1_homogeneous.svg", ["tau"], lines, "Figure 1, homogeneous (i.i.d.): test accuracy "
                          "per round, mean over seeds (band: ± std); dashed (20, 40)", {"split": "homogeneous"},
@@ -100,7 +98,8 @@ def figures(root: Path) -> dict[Path, bytes]:
             Cell("compression", "compression", "same", "{:.1f}×"),
             Cell("compression (paper)", paper="compression", spec="{:g}×"),
             Cell("uplink over the run, MB", "uplink_mb", "same", "{:.2f}"),
-            Cell("downlink over the run, MB", "downlink_mb", "same", "{:.2f}")], split="split")}, figs, claims, expect)
+            Cell("downlink over the run, MB", "downlink_mb", "same", "{:.2f}")], split="split")}, figs, expect,
+        claims=True)
 
 
 def tuning(root: Path) -> dict[Path, bytes]:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedrun.reports.common import Cell, Report, column, dims, export, load, registry
+from fedrun.reports.common import Cell, Report, column, dims, export, load
 
 OUT = "results/fu21"
-REGISTRY = f"{OUT}/claims.csv"
 MECHS = {"laplace": "Laplace (the paper's, L1)", "gaussian": "Gaussian (δ = 1e-4, L2)"}
 LC, FEMNIST = export(OUT, "fu21-lending-club", every=10), export(OUT, "fu21-femnist")
 INF = float("inf")
@@ -58,7 +57,6 @@ def lending_club(root: Path, sensitivity: str = "proven") -> dict[Path, bytes]:
     stem = "lending_club" + ("" if proven else "_paper_unchecked")
     rep = Report(f"fu21_{stem}", root, f"{OUT}/{stem}.md", [LC], df, d,
                  where={"status": ("FINISHED",), "params.local_dp_sensitivity": (sensitivity,)})
-    claims = registry(root, REGISTRY, rep.name)
     figures, colors = {}, ("E", {1: "black", 2: "tab:blue", 5: "tab:green", 10: "tab:red", 20: "tab:purple",
                                  50: "tab:orange", 100: "tab:brown"})
     for s, t in (("T100", "fixed T = E·T_g = 100"), ("Tg10", "fixed T_g = 10")):
@@ -73,7 +71,7 @@ def lending_club(root: Path, sensitivity: str = "proven") -> dict[Path, bytes]:
                                             split="sweep", where=laplace),
                       "mechanisms": rep.table(["mech"], [Cell("final test MSE", "mse", spec="{:.2f}")],
                                               where=dict(sweep="T100", eps=5.0, E=10, seed=tuple(range(1000, 1010))))},
-                     figures, claims, [{**e, **laplace} for e in LC_EXPECT])
+                     figures, [{**e, **laplace} for e in LC_EXPECT], claims=True)
 
 
 def femnist(root: Path) -> dict[Path, bytes]:
@@ -84,11 +82,10 @@ def femnist(root: Path) -> dict[Path, bytes]:
     df = df.assign(acc=df["metrics.test_accuracy"], eps_pld=df["metrics.ldp_epsilon_pld_max"],
                    eps_rdp=df["metrics.ldp_epsilon_rdp_max"])
     rep = Report("fu21_femnist", root, f"{OUT}/femnist.md", [FEMNIST], df, d)
-    claims = registry(root, REGISTRY, rep.name)
     unchecked = {"sens": "paper_unchecked"}
     eps = [Cell("ε composed (PLD)", "eps_pld", "max", "{:.3g}"), Cell("ε composed (RDP)", "eps_rdp", "max", "{:.3g}")]
     return rep.files({"acc": rep.table(["eps"], [Cell(value="acc", best="max")], ["E"], "sweep", unchecked),
                       "per_cell": rep.table(["eps", "E"], _per_cell("acc", "final test accuracy", eps, "{:.3f}",
                                                                     "{:.3f}"), split="sweep", where=unchecked),
                       "sensitivities": rep.table(["sens"], [Cell(value="acc", best="max")], ["E"],
-                                                 where=dict(sweep="T24", eps=10.0))}, {}, claims, FEMNIST_EXPECT)
+                                                 where=dict(sweep="T24", eps=10.0))}, {}, FEMNIST_EXPECT, claims=True)

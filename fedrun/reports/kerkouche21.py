@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrun.reports.common import Cell, Report, column, dims, export, load, numbers, registry
+from fedrun.reports.common import Cell, Report, column, dims, export, load, numbers
 
 OUT = "results/kerkouche21"
-REGISTRY = f"{OUT}/claims.csv"   # the claims of the three reports with claims
 T3, SIZE, LR, LOCAL = (export(OUT, f"kerkouche21-{n}", every=10) for n in ("table3", "model-size", "server-lr",
                                                                             "local-lr"))
 AUDIT = export(OUT, "kerkouche21-audit", every=10)
@@ -63,7 +62,6 @@ def table3(root: Path) -> dict[Path, bytes]:
         quantities={"acc": ("best test accuracy", "{:.2f}"), "round": ("round of the best accuracy", "{:g}"),
                     "eps": ("ε at the best round", "{:g}"), "cost_mb": ("Cost r·n·32·Round·C to the best round, MB",
                                                                          "{:g}")})
-    claims = registry(root, REGISTRY, rep.name)
     figure = rep.curves("table3_accuracy.svg", ["dp", "server_opts"], ["scheme", "r"], "Fashion-MNIST, fashion_cnn "
                         "(n = 114,314): test accuracy per round, mean over seeds (band: ± std)",
                         color=("scheme", {"fl_std": "black", "fl_rnd": "tab:blue", "fl_freq": "tab:green",
@@ -82,12 +80,11 @@ def table3(root: Path) -> dict[Path, bytes]:
                                         where={"eta": "design"}),
                       "per_cell": rep.table(["scheme", "r", "server_opts", "eta"], per_cell, split="dp",
                                             drop_empty=True)},
-                     figure, claims, [dict(scheme="fl_std", r=1.0, dp=["off", "on"], server_opts=["off", "on"],
-                                           eta="design"),
-                                      dict(scheme=["fl_rnd", "fl_freq", "fl_cs"], r=[0.05, 0.1, 0.2], dp=["off", "on"],
-                                           server_opts=["off", "on"], eta="design"),
-                                      dict(scheme="fl_cs", r=[0.05, 0.1, 0.2], dp=["off", "on"], server_opts="momentum",
-                                           eta="design")])
+                     figure, [dict(scheme="fl_std", r=1.0, dp=["off", "on"], server_opts=["off", "on"], eta="design"),
+                              dict(scheme=["fl_rnd", "fl_freq", "fl_cs"], r=[0.05, 0.1, 0.2], dp=["off", "on"],
+                                   server_opts=["off", "on"], eta="design"),
+                              dict(scheme="fl_cs", r=[0.05, 0.1, 0.2], dp=["off", "on"], server_opts="momentum",
+                                   eta="design")], claims=True)
 
 
 def model_size(root: Path) -> dict[Path, bytes]:
@@ -101,20 +98,18 @@ def model_size(root: Path) -> dict[Path, bytes]:
         where={"status": ("FINISHED",), "params.server_opts": ("off", "on"), "tags.dp": ("client",)},
         paper=numbers(root, OUT, "kerkouche21_model_size"),
         quantities={"acc": ("best test accuracy over 200 rounds", "{:.2f}")})
-    claims = registry(root, REGISTRY, rep.name)
     figure = rep.curves("model_size_accuracy.svg", ["server_opts", "model"], ["scheme", "r"], "Client-level DP "
                         "(ε ≤ 1): test accuracy per round by model size", color=("scheme", {
                             "fl_std": "black", "fl_cs": "tab:red"}), style=("r", {1.0: "-", 0.05: "-", 0.1: "--"}))
     return rep.files({"main": rep.table(["scheme", "r"], [Cell("paper", paper="acc", spec="{:.2f}", level=0),
                                                           Cell(value="acc"), Cell("round", "round", "mean", "{:.0f}")],
-                                        ["server_opts", "model"])}, figure, claims)
+                                        ["server_opts", "model"])}, figure, claims=True)
 
 
 def server_lr(root: Path) -> dict[Path, bytes]:
     """The server lr of the server options, per scheme, and the local lr of every scheme (FL-STD without DP), both
     tuned on seed 100, which no table reports."""
     df = _frame(root, [LR])
-    df["server_lr"] = column(df, "params.scheme.server_lr", kind=float)
     df["final"] = df["metrics.test_accuracy"]
     lrs = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
     rep = Report("kerkouche21_server_lr", root, f"{OUT}/server_lr.md", [LR], df, dims(
@@ -155,9 +150,8 @@ def stopping(root: Path, df: pd.DataFrame | None = None) -> dict[Path, bytes]:
     table = rep.table(["model", "seed"], [Cell(h, v, "same") for h, v in (
         ("accuracy at round 20", "r20"), ("at round 30", "r30"), ("best up to round 30", "best30"),
         ("best over 200 rounds", "best"))] + [Cell("its round", "round", "same", "{:.0f}")])
-    claims = registry(root, REGISTRY, rep.name)
     return rep.files({"per_run": table, "means": rep.table(["model"], [
-        Cell("best up to round 30", "best30"), Cell("best over 200 rounds", "best")])}, claims=claims, readme=False)
+        Cell("best up to round 30", "best30"), Cell("best over 200 rounds", "best")])}, claims=True, readme=False)
 
 
 def audit(root: Path) -> dict[Path, bytes]:
