@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -31,8 +32,9 @@ from typing import Any, Iterable, Sequence
 
 from hydra.experimental.callback import Callback
 
-from fedrun.metric_names import (NOT_COVERED, NOT_COVERED_TAG, covered_by_epsilon, internal_name,  # noqa: F401
-                                 is_diagnostic, metric_name)  # report/export import internal_name here
+from fedrun.metric_names import NOT_COVERED, NOT_COVERED_TAG, covered_by_epsilon, is_diagnostic, metric_name
+
+log = logging.getLogger("fedrun")
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 PARENT_FILE = "mlflow_parent_run.txt"
@@ -120,20 +122,14 @@ def view_tag_value(columns: Sequence[str], now_ms: int | None = None, created_ms
                        "state": json.dumps(view_state(columns))})
 
 
-def _view_of(tag_value: str | None) -> tuple[dict[str, Any], int | None]:
-    """(state, createdAt) of a saved view's tag value (({}, None) if absent or not an envelope)."""
-    try:
-        env = json.loads(tag_value)
-        return json.loads(env["state"]), env.get("createdAt")
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return {}, None
-
-
 def setup_experiment(client, experiment_id: str, tags: dict[str, str], swept: Sequence[str] = (),
                      groups: Sequence[str] = ()) -> None:
     """Add ``swept`` to the experiment's saved view (create it if missing)."""
-    old = tags.get(VIEW_TAG)
-    state, created = _view_of(old)
+    try:  # the saved view's state and createdAt, if there is one
+        env = json.loads(tags.get(VIEW_TAG))
+        state, created = json.loads(env["state"]), env.get("createdAt")
+    except (TypeError, ValueError, KeyError, AttributeError):
+        state, created = {}, None
     have = list(state.get("selectedColumns", []))
     fixed = view_columns()
     # swept parameters of earlier sweeps stay, the new sweep's are added, then the fixed columns
@@ -228,35 +224,16 @@ class NullTracker:
     where = "not tracked"
 
     def start(self, params: dict[str, str], tags: dict[str, str], run_name: str | None = None,
-              run_id: str | None = None) -> None:
-        pass
-
-    def check(self) -> None:
-        pass
-
-    def urls(self) -> dict[str, str]:
-        return {}
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        pass
-
-    def set_dp(self, dp: bool) -> None:
-        pass
-
-    def find_finished(self, config_hash: str) -> str | None:
-        return None
-
-    def log_artifact(self, path: Path) -> None:
-        pass
-
-    def last_step(self, metric: str) -> int:
-        return 0
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        pass
-
-    def end(self, status: str = "FINISHED") -> None:
-        pass
+              run_id: str | None = None) -> None: pass
+    def check(self) -> None: pass
+    def urls(self) -> dict[str, str]: return {}
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: pass
+    def set_dp(self, dp: bool) -> None: pass
+    def find_finished(self, config_hash: str) -> str | None: return None
+    def log_artifact(self, path: Path) -> None: pass
+    def last_step(self, metric: str) -> int: return 0
+    def set_tags(self, tags: dict[str, str]) -> None: pass
+    def end(self, status: str = "FINISHED") -> None: pass
 
 
 def check_server(uri: str, timeout: float = 5.0) -> None:
@@ -277,21 +254,17 @@ def check_server(uri: str, timeout: float = 5.0) -> None:
                               f"MLFLOW_TRACKING_URI / tracking.uri to log to sqlite:///mlflow.db here") from None
 
 
-def _check_reachable(client, uri: str) -> None:
-    try:
-        client.search_experiments(max_results=1)
-    except Exception as exc:  # noqa: BLE001 - any failure here means the store is unusable
-        raise ConnectionError(f"MLflow tracking store {uri} is not reachable: {type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:200]}") from None
-
-
 def prepare_store(uri: str, experiment: str, swept: Sequence[str] = (), groups: Sequence[str] = ()) -> str:
     """Create the store (tables) and the experiment if missing, set it up for the UI (:func:`setup_experiment`);
     return the experiment id."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    _check_reachable(client, uri)
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - any failure here means the store is unusable
+        raise ConnectionError(f"MLflow tracking store {uri} is not reachable: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:200]}") from None
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         try:
@@ -304,9 +277,7 @@ def prepare_store(uri: str, experiment: str, swept: Sequence[str] = (), groups: 
     try:
         setup_experiment(client, exp.experiment_id, dict(exp.tags), swept, groups)
     except Exception as exc:  # noqa: BLE001 - the UI's conveniences never stop a run
-        import logging
-
-        logging.getLogger("fedrun").warning("could not set up experiment %r for the MLflow UI: %s", experiment, exc)
+        log.warning("could not set up experiment %r for the MLflow UI: %s", experiment, exc)
     return exp.experiment_id
 
 
@@ -372,19 +343,17 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, params=[Param(k, v[:6000]) for k, v in params.items()])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
-        from mlflow.entities import RunTag
+        from mlflow.entities import Metric, RunTag
 
         now = int(time.time() * 1000)
-        named = [(metric_name(k, self.dp), float(v)) for k, v in metrics.items() if v is not None]
-        batch = [Metric(m, v, now, int(step)) for m, v in named if self.diagnostics or not is_diagnostic(m)]
-        new = {k for k, v in metrics.items() if self.dp and v is not None and not covered_by_epsilon(k)}
-        new -= self.not_covered
+        values = {k: float(v) for k, v in metrics.items() if v is not None}
+        batch = [Metric(metric_name(k, self.dp), v, now, int(step)) for k, v in values.items()]
+        new = {k for k in values if self.dp and not covered_by_epsilon(k)} - self.not_covered
         self.not_covered |= new  # the tag lists every such metric, logged to MLflow or only to metrics.csv
         tags = [RunTag(NOT_COVERED_TAG, ",".join(sorted(self.not_covered)))] if new else []
-        self.client.log_batch(self.run_id, metrics=batch, tags=tags)  # MLflow splits it into requests it accepts
-        self.latest.update({k: float(v) for k, v in metrics.items() if v is not None})
+        self.client.log_batch(self.run_id, metrics=[m for m in batch if self.diagnostics or not is_diagnostic(m.key)],
+                              tags=tags)  # MLflow splits it into requests it accepts
+        self.latest.update(values)
 
     def set_dp(self, dp: bool) -> None:
         """A run with DP (client-level or local): from now on the metrics ε does not cover are logged as
@@ -423,9 +392,7 @@ class MlflowTracker:
             try:
                 self.client.set_tag(self.run_id, "mlflow.note.content", note)
             except Exception as exc:  # noqa: BLE001 - a description is not worth failing the run over
-                import logging
-
-                logging.getLogger("fedrun").warning("could not describe the MLflow run: %s", exc)
+                log.warning("could not describe the MLflow run: %s", exc)
         self.client.set_terminated(self.run_id, status=status)
 
 
