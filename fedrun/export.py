@@ -99,27 +99,16 @@ def paths(prefix: str | Path) -> tuple[Path, Path]:
 
 
 # ----------------------------------------------------------------------------------- bytes (pure)
-def fmt_value(value: Any) -> str:
-    """One CSV cell: '' for missing, ``repr`` for floats (exact round trip, ``nan``/``inf`` included), str
-    for the rest."""
-    return "" if value is None else repr(value) if isinstance(value, float) else str(value)
-
-
-def csv_bytes(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> bytes:
-    """A CSV file (``\\n`` line ends, minimal quoting) as UTF-8 bytes."""
+def csv_gz(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> bytes:
+    """A CSV file (``\\n`` line ends, minimal quoting; '' for a missing value, ``repr`` for a float: an exact round
+    trip, ``nan``/``inf`` included), gzip'd with no file name and mtime 0: the same rows always give the same bytes."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(header)
-    for row in rows:
-        w.writerow([fmt_value(v) for v in row])
-    return buf.getvalue().encode("utf-8")
-
-
-def gzip_bytes(data: bytes) -> bytes:
-    """gzip with no file name and mtime 0: the same input always gives the same bytes."""
+    w.writerows([repr(v) if isinstance(v, float) else v for v in row] for row in rows)  # None: '', the rest: str
     out = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=9, mtime=0) as gz:
-        gz.write(data)
+        gz.write(buf.getvalue().encode("utf-8"))
     return out.getvalue()
 
 
@@ -131,10 +120,8 @@ def encode(runs: Sequence[dict[str, Any]], points: Iterable[tuple[str, str, int,
     columns = sorted({k for r in runs for k in r if k not in INFO_COLUMNS})
     header = [*INFO_COLUMNS, *columns]
     ordered = sorted(runs, key=lambda r: (str(r.get("run_name") or ""), int(r.get("start_time") or 0), r["run_id"]))
-    runs_csv = csv_bytes(header, ([r.get(k) for k in header] for r in ordered))
     pts = sorted((str(rid), str(key), int(step), float(value)) for rid, key, step, value in points)
-    metrics_csv = csv_bytes(METRIC_COLUMNS, pts)
-    return gzip_bytes(runs_csv), gzip_bytes(metrics_csv)
+    return csv_gz(header, ([r.get(k) for k in header] for r in ordered)), csv_gz(METRIC_COLUMNS, pts)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -269,13 +256,6 @@ def _read_csv_gz(path: Path) -> tuple[list[str], list[list[str]]]:
     if not rows:
         raise ExportError(f"{path} is empty (no header)")
     return rows[0], rows[1:]
-
-
-def _number(text: str) -> int | float:
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
 
 
 def read_export(prefix: str | Path) -> tuple[list[dict[str, Any]], list[tuple[str, str, int, float]]]:
