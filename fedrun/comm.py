@@ -36,8 +36,7 @@ class Message:
     def of_shape(cls, numel: int, dtype: torch.dtype = torch.float32, extra_bytes: int = 0,
                  kind: str = "update") -> "Message":
         """Size of a tensor message without materialising it (e.g. one row of a batched payload)."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return cls(int(numel * itemsize + extra_bytes), kind)
+        return cls(int(numel * dtype.itemsize + extra_bytes), kind)
 
 
 @dataclass
@@ -49,7 +48,6 @@ class Ledger:
     uplink_round: int = 0
     downlink_round: int = 0
     by_kind: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    messages_round: int = 0
     uplink_messages_round: int = 0  # client → server messages this round
     uplink_messages_total: int = 0
     #: each broadcast counted once however many clients receive it (paper 003's (10)); a message sent with
@@ -64,7 +62,6 @@ class Ledger:
     def start_round(self) -> None:
         self.uplink_round = 0
         self.downlink_round = 0
-        self.messages_round = 0
         self.uplink_messages_round = 0
 
     def uplink(self, message: Message, count: int = 1) -> None:
@@ -73,7 +70,6 @@ class Ledger:
         self.uplink_round += b
         self.uplink_total += b
         self.by_kind["up:" + message.kind] += b
-        self.messages_round += int(count)
         self.uplink_messages_round += int(count)
         self.uplink_messages_total += int(count)
 
@@ -87,7 +83,6 @@ class Ledger:
         self.downlink_round += b
         self.downlink_total += b
         self.by_kind["down:" + message.kind] += b
-        self.messages_round += int(count)
 
     def secagg(self, uplink: float, downlink: float) -> None:
         """Record one round's secure-aggregation bytes, all clients together (client → server, server → client)."""

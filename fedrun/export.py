@@ -38,6 +38,7 @@ import gzip
 import io
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -81,13 +82,11 @@ def thin(points: Iterable[tuple[str, str, int, float]], every: int | None) -> li
     points = list(points)
     if not every or every <= 1:
         return points
-    first: dict[tuple[str, str], int] = {}
-    last: dict[tuple[str, str], int] = {}
+    ends: dict[tuple[str, str], tuple[int, int]] = {}
     for rid, key, step, _ in points:
-        k = (rid, key)
-        first[k] = min(first.get(k, step), step)
-        last[k] = max(last.get(k, step), step)
-    return [p for p in points if p[2] % every == 0 or p[2] in (first[(p[0], p[1])], last[(p[0], p[1])])]
+        lo, hi = ends.get((rid, key), (step, step))
+        ends[(rid, key)] = (min(lo, step), max(hi, step))
+    return [p for p in points if p[2] % every == 0 or p[2] in ends[p[:2]]]
 
 
 def paths(prefix: str | Path) -> tuple[Path, Path]:
@@ -100,33 +99,16 @@ def paths(prefix: str | Path) -> tuple[Path, Path]:
 
 
 # ----------------------------------------------------------------------------------- bytes (pure)
-def fmt_value(value: Any) -> str:
-    """One CSV cell: '' for missing, ``repr`` for floats (exact round trip, ``nan``/``inf`` included), str
-    for the rest."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-def csv_bytes(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> bytes:
-    """A CSV file (``\\n`` line ends, minimal quoting) as UTF-8 bytes."""
+def csv_gz(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> bytes:
+    """A CSV file (``\\n`` line ends, minimal quoting; '' for a missing value, ``repr`` for a float: an exact round
+    trip, ``nan``/``inf`` included), gzip'd with no file name and mtime 0: the same rows always give the same bytes."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(header)
-    for row in rows:
-        w.writerow([fmt_value(v) for v in row])
-    return buf.getvalue().encode("utf-8")
-
-
-def gzip_bytes(data: bytes) -> bytes:
-    """gzip with no file name and mtime 0: the same input always gives the same bytes."""
+    w.writerows([repr(v) if isinstance(v, float) else v for v in row] for row in rows)  # None: '', the rest: str
     out = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=9, mtime=0) as gz:
-        gz.write(data)
+        gz.write(buf.getvalue().encode("utf-8"))
     return out.getvalue()
 
 
@@ -138,10 +120,8 @@ def encode(runs: Sequence[dict[str, Any]], points: Iterable[tuple[str, str, int,
     columns = sorted({k for r in runs for k in r if k not in INFO_COLUMNS})
     header = [*INFO_COLUMNS, *columns]
     ordered = sorted(runs, key=lambda r: (str(r.get("run_name") or ""), int(r.get("start_time") or 0), r["run_id"]))
-    runs_csv = csv_bytes(header, ([r.get(k) for k in header] for r in ordered))
     pts = sorted((str(rid), str(key), int(step), float(value)) for rid, key, step, value in points)
-    metrics_csv = csv_bytes(METRIC_COLUMNS, pts)
-    return gzip_bytes(runs_csv), gzip_bytes(metrics_csv)
+    return csv_gz(header, ([r.get(k) for k in header] for r in ordered)), csv_gz(METRIC_COLUMNS, pts)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -167,14 +147,12 @@ def read_mlflow(uri: str, experiments: Sequence[str], filter_string: str = "",
         exp = client.get_experiment_by_name(name)
         if exp is None:
             raise ExportError(f"experiment {name!r} not found at {uri}")
-        found = []
-        token = None
+        found, token = [], None
         while True:  # every page: search_runs stops at max_results
             page = client.search_runs([exp.experiment_id], filter_string=filter_string, max_results=1000,
                                       page_token=token)
-            found += list(page)
-            token = page.token
-            if not token:
+            found += page
+            if not (token := page.token):
                 break
         for run in found:
             tags = run.data.tags
@@ -195,27 +173,25 @@ def read_mlflow(uri: str, experiments: Sequence[str], filter_string: str = "",
                     continue
                 for m in client.get_metric_history(run.info.run_id, key):
                     points.append((run.info.run_id, key, int(m.step), float(m.value)))
-    return runs, thin(_dedupe(points), every)
+    # one value per (run, metric, step): a resumed run can hold a step twice; the last logged value wins (MLflow's
+    # history is in logging order)
+    last = {p[:3]: p[3] for p in points}
+    return runs, thin([(rid, key, step, value) for (rid, key, step), value in last.items()], every)
 
 
 def mlflow_records(uri: str, experiment: str, filter_string: str = "") -> list[dict[str, Any]]:
     """The runs of an MLflow experiment (any status, sweep parents left out) as flat records with fedrun's metric
     names (``metrics.best_test_accuracy``, not ``summary/best_test_accuracy``): what :func:`load` gives for an
     export, without the per-round series."""
-    from fedrun.tracking import internal_name
-
     runs, _ = read_mlflow(uri, [experiment], filter_string, statuses=None, metrics=())
-    return [{(f"metrics.{internal_name(k[8:])}" if k.startswith("metrics.") else k): v for k, v in r.items()}
-            for r in runs]
+    return [_fedrun_names(r) for r in runs]
 
 
-def _dedupe(points: list[tuple[str, str, int, float]]) -> list[tuple[str, str, int, float]]:
-    """One value per (run, metric, step): a resumed run can hold a step twice; the last logged value wins
-    (MLflow's history is in logging order)."""
-    last: dict[tuple[str, str, int], float] = {}
-    for rid, key, step, value in points:
-        last[(rid, key, step)] = value
-    return [(rid, key, step, value) for (rid, key, step), value in last.items()]
+def _fedrun_names(run: dict[str, Any]) -> dict[str, Any]:
+    """A run record with fedrun's metric names (``metrics.<fedrun name>``) for MLflow's."""
+    from fedrun.metric_names import internal_name
+
+    return {(f"metrics.{internal_name(k[8:])}" if k.startswith("metrics.") else k): v for k, v in run.items()}
 
 
 def check_source(runs: list[dict[str, Any]], allow_dirty: bool = False) -> list[dict[str, Any]]:
@@ -282,13 +258,6 @@ def _read_csv_gz(path: Path) -> tuple[list[str], list[list[str]]]:
     return rows[0], rows[1:]
 
 
-def _number(text: str) -> int | float:
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
-
-
 def read_export(prefix: str | Path) -> tuple[list[dict[str, Any]], list[tuple[str, str, int, float]]]:
     """The raw content of an export: (runs with MLflow metric names, points), as :func:`encode` takes them."""
     runs_file, metrics_file = paths(prefix)
@@ -330,7 +299,7 @@ def load(prefixes: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
     """Records of one or more exports: the flat dicts of :func:`mlflow_records` (``run_id``,
     ``status``, ``start_time``, ``end_time``, ``run_name``, ``experiment``, ``params.*``, ``tags.*``,
     ``metrics.<fedrun name>``) plus ``series``: {fedrun metric name: [(step, value), …] by step}."""
-    from fedrun.tracking import internal_name
+    from fedrun.metric_names import internal_name
 
     if isinstance(prefixes, (str, Path)):
         prefixes = [prefixes]
@@ -341,7 +310,7 @@ def load(prefixes: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
         for rid, key, step, value in points:
             series.setdefault(rid, {}).setdefault(internal_name(key), []).append((step, value))
         for run in runs:
-            rec = {(f"metrics.{internal_name(k[8:])}" if k.startswith("metrics.") else k): v for k, v in run.items()}
+            rec = _fedrun_names(run)
             rec["series"] = {k: sorted(v) for k, v in sorted(series.get(run["run_id"], {}).items())}
             records.append(rec)
     return records
@@ -386,16 +355,13 @@ def import_runs(prefix: str | Path, uri: str, experiment: str | None = None, cle
         new = client.create_run(exp_id, start_time=start, tags=tags, run_name=run.get("run_name") or None)
         rid = new.info.run_id
         params = [Param(k[7:], str(v)[:6000]) for k, v in sorted(run.items()) if k.startswith("params.")]
-        for i in range(0, len(params), 100):
-            client.log_batch(rid, params=params[i:i + 100])
         hist = by_run.get(run["run_id"], [])
         have = {key for key, _, _ in hist}
         metrics = [Metric(key, value, start, step) for key, step, value in hist]
         last_step = max((step for _, step, _ in hist), default=0)
         metrics += [Metric(k[8:], float(v), start, last_step) for k, v in sorted(run.items())
                     if k.startswith("metrics.") and k[8:] not in have]  # metrics the per-round file left out
-        for i in range(0, len(metrics), 1000):
-            client.log_batch(rid, metrics=metrics[i:i + 1000])
+        client.log_batch(rid, metrics=metrics, params=params)  # MLflow splits it into requests it accepts
         client.set_terminated(rid, status=run.get("status") or "FINISHED", end_time=run.get("end_time"))
         created.append(rid)
     return created
@@ -405,9 +371,7 @@ def info(prefix: str | Path) -> str:
     """A few lines about an export: runs, statuses, experiments, metric points, file sizes."""
     runs, points = read_export(prefix)
     runs_file, metrics_file = paths(prefix)
-    statuses: dict[str, int] = {}
-    for r in runs:
-        statuses[r.get("status", "?")] = statuses.get(r.get("status", "?"), 0) + 1
+    statuses = Counter(r.get("status", "?") for r in runs)
     exps = sorted({r.get("experiment", "?") for r in runs})
     keys = sorted({key for _, key, _, _ in points})
     return "\n".join([

@@ -188,7 +188,3 @@ def is_diagnostic(mlflow_name: str) -> bool:
     mlflow_name = mlflow_name.removeprefix(NOT_COVERED)
     return "/" in mlflow_name and not mlflow_name.startswith(SUMMARY)
 
-
-def is_marked(mlflow_name: str) -> bool:
-    """Is an MLflow metric name marked as not covered by ε (``nonprivate/…``)?"""
-    return mlflow_name.startswith(NOT_COVERED)

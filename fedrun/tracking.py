@@ -1,27 +1,23 @@
 """Experiment tracking: MLflow (a real database) or nothing.
 
-* Tracking URI: config ``tracking.uri``, else env ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in
-  the directory fedrun runs from (MLflow 3's own default).
-* One MLflow run per fedrun run: flattened resolved config as params, tags (scheme, dataset, model, git
-  commit, sweep), one metrics batch per round (``step = round``), summary metrics, and artifacts.
-* Sweeps (``fedrun -m``): :class:`SweepCallback` creates the store, the experiment and a parent run before
-  any job starts (MLflow's SQLite store races when several processes create it at once); every job's
-  run carries the parent's id (``mlflow.parentRunId``) and the tag ``fedrun.sweep``; its name carries the
-  swept values (``fl_cs-fashion_mnist r=0.05``).
-* Metric names in MLflow: :mod:`fedrun.metric_names`; diagnostics only with ``tracking.diagnostics=true``. A run
-  with DP (:meth:`MlflowTracker.set_dp`) logs each metric ε does not cover as ``nonprivate/<its name>`` and lists
-  them in the run tag ``dp.not_covered_by_epsilon``.
-* A failed job fails the sweep through Hydra (:class:`fedrun.cli.JobFailed`): the other jobs run, then exit 1.
-* The UI (:func:`runs_table_url`, ``python -m fedrun.tracking ui-url``), the two things MLflow has no public way
-  to do, written against MLflow 3.17's UI (pyproject pins the tested range): URLs that open the "Model
-  training" runs table (``workflowType=machine_learning``; else MLflow 3.17 opens its GenAI overview), in a
-  saved view (experiment tag ``mlflow.sharedViewState.fedrun``: key metrics and swept parameters as columns,
-  runs not folded under their sweep). Descriptions use MLflow's ``mlflow.note.content`` tag.
+* Tracking URI: config ``tracking.uri``, else env ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` here.
+* One MLflow run per fedrun run: the flattened config as params, tags (scheme, dataset, model, git commit, sweep),
+  one metrics batch per round (``step = round``), summary metrics, artifacts. Metric names: :mod:`fedrun.metric_names`;
+  diagnostics only with ``tracking.diagnostics=true``; under DP (:meth:`MlflowTracker.set_dp`) each metric ε does
+  not cover is logged as ``nonprivate/<name>`` and listed in the tag ``dp.not_covered_by_epsilon``.
+* Sweeps (``fedrun -m``): :class:`SweepCallback` creates the store, the experiment and a parent run before any job
+  starts (MLflow's SQLite store races when several processes create it); each job's run carries the parent's id
+  and the tag ``fedrun.sweep``, its name the swept values (``fl_cs-fashion_mnist r=0.05``). A failed job fails the
+  sweep through Hydra (:class:`fedrun.cli.JobFailed`): the other jobs run, then exit 1.
+* The UI (:func:`runs_table_url`, ``python -m fedrun.tracking ui-url``), written against MLflow 3.17's UI: URLs of
+  the "Model training" runs table in a saved view (experiment tag ``mlflow.sharedViewState.fedrun``); run
+  descriptions in MLflow's ``mlflow.note.content`` tag.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -31,8 +27,9 @@ from typing import Any, Iterable, Sequence
 
 from hydra.experimental.callback import Callback
 
-from fedrun.metric_names import (NOT_COVERED, NOT_COVERED_TAG, covered_by_epsilon, internal_name,  # noqa: F401
-                                 is_diagnostic, metric_name)  # report/export import internal_name here
+from fedrun.metric_names import NOT_COVERED, NOT_COVERED_TAG, covered_by_epsilon, is_diagnostic, metric_name
+
+log = logging.getLogger("fedrun")
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 PARENT_FILE = "mlflow_parent_run.txt"
@@ -89,15 +86,9 @@ def view_columns(swept: Iterable[str] = (), groups: Iterable[str] = ()) -> list[
     a group fedrun tags a run with shows as that tag, another group only in the run name.
     """
     groups = set(groups)
-    cols: list[str] = []
-    for key in swept:
-        key = key.lstrip("+~")
-        if key in groups:
-            col = f"tags.`{key}`" if key in TAGGED_GROUPS else None
-        else:
-            col = f"params.`{key}`"
-        if col and col not in cols:
-            cols.append(col)
+    keys = [k.lstrip("+~") for k in swept]
+    cols = list(dict.fromkeys(f"tags.`{k}`" if k in groups else f"params.`{k}`" for k in keys
+                              if k not in groups or k in TAGGED_GROUPS))
     cols += [f"metrics.`{m}`" for m in VIEW_METRICS]
     cols += [f"tags.`{t}`" for t in VIEW_TAGS if f"tags.`{t}`" not in cols]
     return cols
@@ -120,20 +111,14 @@ def view_tag_value(columns: Sequence[str], now_ms: int | None = None, created_ms
                        "state": json.dumps(view_state(columns))})
 
 
-def _view_of(tag_value: str | None) -> tuple[dict[str, Any], int | None]:
-    """(state, createdAt) of a saved view's tag value (({}, None) if absent or not an envelope)."""
-    try:
-        env = json.loads(tag_value)
-        return json.loads(env["state"]), env.get("createdAt")
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return {}, None
-
-
 def setup_experiment(client, experiment_id: str, tags: dict[str, str], swept: Sequence[str] = (),
                      groups: Sequence[str] = ()) -> None:
     """Add ``swept`` to the experiment's saved view (create it if missing)."""
-    old = tags.get(VIEW_TAG)
-    state, created = _view_of(old)
+    try:  # the saved view's state and createdAt, if there is one
+        env = json.loads(tags.get(VIEW_TAG))
+        state, created = json.loads(env["state"]), env.get("createdAt")
+    except (TypeError, ValueError, KeyError, AttributeError):
+        state, created = {}, None
     have = list(state.get("selectedColumns", []))
     fixed = view_columns()
     # swept parameters of earlier sweeps stay, the new sweep's are added, then the fixed columns
@@ -149,16 +134,17 @@ def run_note(latest: dict[str, float]) -> str:
     key = "best_test_accuracy" if "best_test_accuracy" in latest else "best_test_mse"
     if key not in latest:
         return ""
-
-    def num(name: str, scale: float = 1.0, spec: str = "{:.4g}") -> str:
-        return "–" if name not in latest else spec.format(latest[name] / scale)
-
     head = ["best test " + key.rsplit("_", 1)[1].replace("mse", "MSE"), "at round", "final ε", "uplink MB",
             "downlink MB", "rounds"]
-    row = [num(key), num("best_round", spec="{:.0f}"), num("epsilon_final"),
-           num("uplink_bytes_final", 1e6, "{:.2f}"), num("downlink_bytes_final", 1e6, "{:.2f}"),
-           num("rounds_completed", spec="{:.0f}")]
+    row = [_num(latest[key]), _num(latest.get("best_round"), spec="{:.0f}"), _num(latest.get("epsilon_final")),
+           _num(latest.get("uplink_bytes_final"), 1e6, "{:.2f}"),
+           _num(latest.get("downlink_bytes_final"), 1e6, "{:.2f}"), _num(latest.get("rounds_completed"), spec="{:.0f}")]
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), "| " + " | ".join(row) + " |"])
+
+
+def _num(value: float | None, scale: float = 1.0, spec: str = "{:.4g}") -> str:
+    """A number in a run's or a sweep's description ("–" if missing)."""
+    return "–" if value is None else spec.format(value / scale)
 
 
 def sweep_suffix(job_overrides: Iterable[str], swept: Iterable[str]) -> str:
@@ -228,35 +214,16 @@ class NullTracker:
     where = "not tracked"
 
     def start(self, params: dict[str, str], tags: dict[str, str], run_name: str | None = None,
-              run_id: str | None = None) -> None:
-        pass
-
-    def check(self) -> None:
-        pass
-
-    def urls(self) -> dict[str, str]:
-        return {}
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        pass
-
-    def set_dp(self, dp: bool) -> None:
-        pass
-
-    def find_finished(self, config_hash: str) -> str | None:
-        return None
-
-    def log_artifact(self, path: Path) -> None:
-        pass
-
-    def last_step(self, metric: str) -> int:
-        return 0
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        pass
-
-    def end(self, status: str = "FINISHED") -> None:
-        pass
+              run_id: str | None = None) -> None: pass
+    def check(self) -> None: pass
+    def urls(self) -> dict[str, str]: return {}
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: pass
+    def set_dp(self, dp: bool) -> None: pass
+    def find_finished(self, config_hash: str) -> str | None: return None
+    def log_artifact(self, path: Path) -> None: pass
+    def last_step(self, metric: str) -> int: return 0
+    def set_tags(self, tags: dict[str, str]) -> None: pass
+    def end(self, status: str = "FINISHED") -> None: pass
 
 
 def check_server(uri: str, timeout: float = 5.0) -> None:
@@ -277,21 +244,17 @@ def check_server(uri: str, timeout: float = 5.0) -> None:
                               f"MLFLOW_TRACKING_URI / tracking.uri to log to sqlite:///mlflow.db here") from None
 
 
-def _check_reachable(client, uri: str) -> None:
-    try:
-        client.search_experiments(max_results=1)
-    except Exception as exc:  # noqa: BLE001 - any failure here means the store is unusable
-        raise ConnectionError(f"MLflow tracking store {uri} is not reachable: {type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:200]}") from None
-
-
 def prepare_store(uri: str, experiment: str, swept: Sequence[str] = (), groups: Sequence[str] = ()) -> str:
     """Create the store (tables) and the experiment if missing, set it up for the UI (:func:`setup_experiment`);
     return the experiment id."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    _check_reachable(client, uri)
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - any failure here means the store is unusable
+        raise ConnectionError(f"MLflow tracking store {uri} is not reachable: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:200]}") from None
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         try:
@@ -304,9 +267,7 @@ def prepare_store(uri: str, experiment: str, swept: Sequence[str] = (), groups: 
     try:
         setup_experiment(client, exp.experiment_id, dict(exp.tags), swept, groups)
     except Exception as exc:  # noqa: BLE001 - the UI's conveniences never stop a run
-        import logging
-
-        logging.getLogger("fedrun").warning("could not set up experiment %r for the MLflow UI: %s", experiment, exc)
+        log.warning("could not set up experiment %r for the MLflow UI: %s", experiment, exc)
     return exp.experiment_id
 
 
@@ -372,19 +333,17 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, params=[Param(k, v[:6000]) for k, v in params.items()])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
-        from mlflow.entities import RunTag
+        from mlflow.entities import Metric, RunTag
 
         now = int(time.time() * 1000)
-        named = [(metric_name(k, self.dp), float(v)) for k, v in metrics.items() if v is not None]
-        batch = [Metric(m, v, now, int(step)) for m, v in named if self.diagnostics or not is_diagnostic(m)]
-        new = {k for k, v in metrics.items() if self.dp and v is not None and not covered_by_epsilon(k)}
-        new -= self.not_covered
+        values = {k: float(v) for k, v in metrics.items() if v is not None}
+        batch = [Metric(metric_name(k, self.dp), v, now, int(step)) for k, v in values.items()]
+        new = {k for k in values if self.dp and not covered_by_epsilon(k)} - self.not_covered
         self.not_covered |= new  # the tag lists every such metric, logged to MLflow or only to metrics.csv
         tags = [RunTag(NOT_COVERED_TAG, ",".join(sorted(self.not_covered)))] if new else []
-        self.client.log_batch(self.run_id, metrics=batch, tags=tags)  # MLflow splits it into requests it accepts
-        self.latest.update({k: float(v) for k, v in metrics.items() if v is not None})
+        self.client.log_batch(self.run_id, metrics=[m for m in batch if self.diagnostics or not is_diagnostic(m.key)],
+                              tags=tags)  # MLflow splits it into requests it accepts
+        self.latest.update(values)
 
     def set_dp(self, dp: bool) -> None:
         """A run with DP (client-level or local): from now on the metrics ε does not cover are logged as
@@ -423,9 +382,7 @@ class MlflowTracker:
             try:
                 self.client.set_tag(self.run_id, "mlflow.note.content", note)
             except Exception as exc:  # noqa: BLE001 - a description is not worth failing the run over
-                import logging
-
-                logging.getLogger("fedrun").warning("could not describe the MLflow run: %s", exc)
+                log.warning("could not describe the MLflow run: %s", exc)
         self.client.set_terminated(self.run_id, status=status)
 
 
@@ -445,15 +402,15 @@ def swept_keys(overrides: Iterable[str]) -> list[str]:
 def sweep_note(runs: list, experiment_id: str) -> str:
     """The sweep parent run's description: its runs with their key metrics (markdown, links to each run)."""
     def val(run, name: str, scale: float = 1.0, spec: str = "{:.4g}") -> str:
-        v = run.data.metrics.get(metric_name(name), run.data.metrics.get(metric_name(name, dp=True)))
-        return "–" if v is None else spec.format(v / scale)
+        return _num(run.data.metrics.get(metric_name(name), run.data.metrics.get(metric_name(name, dp=True))),
+                    scale, spec)
 
     lines = ["Runs of this sweep (open the experiment's view \"" + VIEW_NAME + "\" for all columns):", "",
              "| run | status | best test accuracy / MSE | ε | uplink MB | rounds |", "|---|---|---|---|---|---|"]
     for r in sorted(runs, key=lambda r: r.info.run_name or ""):
         best = r.data.metrics.get(metric_name("best_test_accuracy"), r.data.metrics.get(metric_name("best_test_mse")))
         lines.append(f"| [{r.info.run_name}](#/experiments/{experiment_id}/runs/{r.info.run_id}) | {r.info.status} | "
-                     f"{'–' if best is None else f'{best:.4g}'} | {val(r, 'epsilon_final')} | "
+                     f"{_num(best)} | {val(r, 'epsilon_final')} | "
                      f"{val(r, 'uplink_bytes_final', 1e6, '{:.2f}')} | {val(r, 'rounds_completed', spec='{:.0f}')} |")
     return "\n".join(lines)
 
@@ -497,25 +454,23 @@ class SweepCallback(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         tracking = config.get("tracking", {})
-        if tracking.get("kind") != "mlflow":
-            return
         parent_file = Path(config.hydra.sweep.dir) / PARENT_FILE
-        if parent_file.exists():
-            from mlflow.tracking import MlflowClient
+        if tracking.get("kind") != "mlflow" or not parent_file.exists():
+            return
+        from mlflow.tracking import MlflowClient
 
-            uri = resolve_uri(tracking.get("uri"))
-            client = MlflowClient(tracking_uri=uri)
-            parent_id = parent_file.read_text().strip()
-            client.set_terminated(parent_id, status="FINISHED")
-            try:
-                exp_id = client.get_run(parent_id).info.experiment_id
-                runs = client.search_runs([exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'",
-                                          max_results=5000)
-                client.set_tag(parent_id, "mlflow.note.content", sweep_note(runs, exp_id))
-                print(f"fedrun: the sweep's {len(runs)} runs: {runs_table_url(ui_base(uri), exp_id)} "
-                      f"(after `make ui`)")
-            except Exception as exc:  # noqa: BLE001 - a summary note is not worth failing the sweep over
-                print(f"fedrun: could not describe the sweep in MLflow: {exc}", file=sys.stderr)
+        uri = resolve_uri(tracking.get("uri"))
+        client = MlflowClient(tracking_uri=uri)
+        parent_id = parent_file.read_text().strip()
+        client.set_terminated(parent_id, status="FINISHED")
+        try:
+            exp_id = client.get_run(parent_id).info.experiment_id
+            runs = client.search_runs([exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'",
+                                      max_results=5000)
+            client.set_tag(parent_id, "mlflow.note.content", sweep_note(runs, exp_id))
+            print(f"fedrun: the sweep's {len(runs)} runs: {runs_table_url(ui_base(uri), exp_id)} (after `make ui`)")
+        except Exception as exc:  # noqa: BLE001 - a summary note is not worth failing the sweep over
+            print(f"fedrun: could not describe the sweep in MLflow: {exc}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------- python -m fedrun.tracking
