@@ -80,7 +80,7 @@ def check_resumable(stored: dict, built) -> None:
     why = ("local DP calibrated each client's noise to its participations in them" if sim.local_dp is not None else
            "the participation schema (sampler=cyclic) and its noise were planned for them"
            if sim.client_dp is not None and sim.client_dp.schema is not None else
-           f"σ was calibrated to spend epsilon={cfg.epsilon} in them"
+           f"σ was calibrated to spend epsilon={cfg.epsilon:g} in them"
            if sim.client_dp is not None and cfg.noise_multiplier is None else None)
     if why is not None:
         raise ConfigError(f"resume: rounds={rounds[1]} extends the run's {rounds[0]} rounds, but {why}; resume with "

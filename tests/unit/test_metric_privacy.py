@@ -30,7 +30,8 @@ LENDING = ["dataset=lending_club", "scheme=ldp_fedavg", "sampler=round_robin", "
            "epsilon=10"]
 #: DP runs that between them log every metric a DP run can log (FbFTL and SketchedSGD take no DP)
 DP_RUNS = {
-    "fl_std+clock+secagg+audit": [*MNIST, *CLIENT_DP, *DEPLOYMENT, "audit.canaries=20"],
+    "fl_std+clock+secagg+audit": [*MNIST, *CLIENT_DP, *DEPLOYMENT, "audit.canaries=20", "sample_rate=0.5"],  # the abort
+    # bit is small enough to be charged at q = 0.5 (refused at 0.25: fedrun.privacy.abort)
     "fl_cs": [*MNIST, *CLIENT_DP, "scheme=fl_cs", "r=0.05", "scheme.max_iter=5"],
     "fedsketchgate": [*MNIST, *CLIENT_DP, "scheme=fedsketchgate", "sampler=poisson", "sample_rate=1.0",
                       "num_clients=10", "scheme.rows=1", "scheme.cols=50", "clipping_norm=0.5"],
