@@ -640,6 +640,74 @@ def test_neighbour_change_within_the_charged_sensitivity(case):
     _check(case, accept(_config(case)))
 
 
+# ----------------------------------------------------------------------------------------- the harness's own guards
+def test_fold_refuses_a_non_finite_change():
+    """max() drops a NaN (max(0.0, nan) is 0.0): the harness folds its changes through ``fold``, which fails on it."""
+    assert max(0.0, math.nan) == 0.0
+    for bad in (math.nan, math.inf):
+        with pytest.raises(AssertionError, match="non-finite"):
+            fold(0.0, bad, "a change")
+    assert fold(0.5, 0.25, "a change") == 0.5
+
+
+@pytest.mark.parametrize("case", [Case("fl_std", "true", "poisson", "none", "none", "rdp"),
+                                  Case("fl_std", "true", "cyclic", "none", "none", "rdp", "sqrt_toeplitz")],
+                         ids=lambda c: c.sampler)
+def test_a_nan_codec_fails_the_harness(case, monkeypatch):
+    """A codec whose payload carries a NaN (here: for the adversary's rows only, so D's release stays finite) makes
+    the release NaN; the harness must fail on it instead of reading no change."""
+    pipe = accept(_config(case))
+    encode = Simulation.encode
+
+    def nan_encode(self, rnd, ids, updates):
+        payload = encode(self, rnd, ids, updates)
+        mine = torch.as_tensor(np.isin(np.asarray(ids), _NAN_CLIENTS))
+        payload[mine, 0] = math.nan
+        return payload
+
+    n = pipe.cfg.num_clients
+    _NAN_CLIENTS[:] = [n] if case.sampler == "poisson" else list(range(n))  # D′'s added client; under the
+    monkeypatch.setattr(Simulation, "encode", nan_encode)  # schema, every client (whichever is the adversary)
+    with pytest.raises(AssertionError, match="non-finite"):
+        client_level_changes(pipe)
+
+
+_NAN_CLIENTS: list[int] = []
+
+
+class _FalseSeparation:
+    """A cyclic sampler (the config's) that lies about its separation: round 4 also takes the first client of round
+    3's group, which so takes part in two rounds in a row while ``schema()`` still claims b = G rounds apart."""
+
+    def __init__(self, sampler):
+        self.inner = sampler
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def select(self, rnd: int, seed: int) -> np.ndarray:
+        out = self.inner.select(rnd, seed)
+        return np.union1d(out, self.inner.select(3, seed)[:1]) if rnd == 4 else out
+
+
+def test_the_adversary_is_the_worst_participant():
+    """Under a participation schema the adversary is the client whose realised participation is worst (most rounds,
+    then closest together): with a sampler whose schema claims a false separation, that client moves the run's release
+    beyond the charge, and the harness fails; a client of round 1 (4 rounds apart, as claimed) would not show it."""
+    case = Case("fl_std", "true", "cyclic", "none", "none", "rdp", "sqrt_toeplitz")
+    pipe = accept(_config(case))
+    honest = pipe.sampler_factory
+    pipe.sampler_factory = lambda n: _FalseSeparation(honest(n))
+    sim = simulation(pipe, _federation(np.random.default_rng(1), pipe.cfg.num_clients))
+    cohorts = [sim.select(t) for t in range(1, pipe.cfg.rounds + 1)]
+    liar = int(cohorts[2][0])
+    assert worst_participant(cohorts) == liar
+    ratio, _ = schema_changes(pipe)
+    assert ratio > 1.0, f"the false separation went unseen: change / charged = {ratio:.4f}"
+    naive, _ = schema_changes(pipe, adversary=int(cohorts[0][0]))
+    assert naive <= 1.0  # why a client of round 1 is not the adversary
+
+
 @pytest.mark.neighbour
 def test_neighbour_every_accepted_dp_configuration(capsys):
     """Every accepted configuration, enumerated from the validator (GROUPS); prints the per-family figures."""
