@@ -2,38 +2,64 @@
 most the sensitivity the accountant was charged for.
 
 The configurations are enumerated from the validator: every option of the config groups sampler × network (each
-profile, plus a deadline with and without over-selection) × secagg × scheme, under dp=true and the local modes, is
-put through fedrun's own edge (``prepare``, then the pre-data builders of ``fedrun.run``: sampler, over-selection,
-client/local DP, the scheme and its SecAgg check, the deployment). What they refuse is refused; every other
-combination is run here, so a newly accepted one is covered without anyone adding it.
+profile, plus a deadline with and without over-selection) × secagg × scheme × accountant × noise, under dp=true
+(σ = 1) and the local modes at their defaults, is put through fedrun's own edge (``prepare``, then the pre-data
+builders of ``fedrun.run``: sampler, over-selection, client/local DP, the scheme and its SecAgg check, the
+deployment). What they refuse is refused; every other combination is run here, so a newly accepted one is covered
+without anyone adding it. That product fixes a few things, which further enumerations (``GROUPS``, the same edge) vary:
+
+* the federation: every configuration runs on N24T5 (24 clients, 5 rounds, q = 0.25, cohorts of 6); the client-level
+  ones of FL-STD (the dense codec: the federation's shape is the sampler's and the schema's business, not the
+  codec's; every codec runs on N24T5) also on N40T7 (40 clients, 7 rounds, q = 0.15, cohorts of 6: other cyclic
+  groups, a cap that binds more often);
+* σ: ``epsilon=2, noise_multiplier=null`` (σ calibrated, at the sensitivity of the relation and report goal) for
+  FL-STD with every sampler and noise, each accountant, without and with over-selection's report goal, without SecAgg,
+  on both federations; besides the neighbour check, the events of the run's T rounds must compose (the config's
+  accountant) to at most the target ε;
+* local DP's Δ and clip mode: ``local_dp_sensitivity=proven|paper|paper_unchecked`` × ``local_clip_mode=per_sample|
+  batch`` on the linear model (``model=lr``, the one whose condition η ≤ 2/β_l fedrun checks; lr = 0.02 meets it
+  here, so ``paper`` is accepted for the Gaussian mechanism), with FL-STD and LDP-FedAvg (the update is measured
+  before any codec) and every sampler, without network or SecAgg.
 
 Client-level DP: the round's pipeline (``Simulation.run_round``: sampling, the clock and its report goal, SecAgg's
 admission and field, the codec, the privatizer) runs on a federation D and its neighbour D′ under the accountant's
 relation — D′ = D plus one client for Poisson-type sampling (add/remove-one), D′ = D with one client replaced for
 fixed-size cohorts — with all randomness coupled (every stream is read at client ids, so the extra client changes
 nothing else) and an adversarial neighbour: its update far beyond the clip norm, in a chosen direction, on the
-fastest device, never dropping out. The released pre-noise quantity is the DP sum before its noise (in SecAgg's field: the decoded field
-sum). The charged sensitivity comes from the event the accountant recorded for that round: noise std σS over the
-event's noise multiplier (× 2 for a replace-one event, and for the truncated-Poisson event's replace branch when
-the cap binds in D′).
+fastest device, never dropping out. The adversary is the added client (add/remove-one), else the client of D whose
+realised participation is worst (``worst_participant``: the most rounds of D's cohorts, then the closest together).
+The released pre-noise quantity is the DP sum before its noise (in SecAgg's field: the decoded field sum). The
+charged sensitivity comes from the event the accountant recorded for that round: noise std σS over the event's noise
+multiplier (× 2 for a replace-one event, and for the truncated-Poisson event's replace branch when the cap binds
+in D′).
 
 Correlated noise under a participation schema (``sampler=cyclic``, ``noise=``): the release is the whole run's
 C·G + Z, one Gaussian mechanism, so the run's T rounds are compared at once: D′ is D with one client's contributions
 zeroed (zero-out, the schema's relation: the client keeps its group), the measured quantity is ‖C·(G′ − G)‖_F over
 the T rounds' DP sums before noise, and the charged sensitivity is σS·√(Σ_t σ_t⁻²) over the events of those rounds.
+The zeroed client is D's worst participant over the T rounds, where ‖C·u‖ is largest: a sampler whose participations
+break the separation its schema claims is caught there (``test_the_adversary_is_the_worst_participant``).
 
 Local DP: the released pre-noise quantity is each client's update (noise is added to it, coupled); the neighbour
-replaces one sample of one client; the charged sensitivity is that client's Δ_l (L1 for Laplace, L2 for Gaussian).
+replaces one sample of one client — by one far outside the data, and by its own features with a label 100 from the
+model's prediction on the other side (the linear model's 2/β_l, which ``paper`` checks on the run's data, is then
+D's: ``paper`` refuses the far sample's D′, counted and printed); the charged sensitivity is that client's Δ_l (L1
+for Laplace, L2 for Gaussian).
+
+Every measured change must be finite (``fold``: Python's max drops a NaN, which would read as no change).
+
+Not covered: resuming a run from a checkpoint (the accountant's events and the sampler's state across a restart),
+and codecs other than ``conf/scheme``'s (a scheme's own options, plug-in codecs).
 
 Tolerances: float32 round-off of a sum of at most K + 1 rows of norm ≤ the clip, 2⁻²³ relative per term.
 """
-
 from __future__ import annotations
 
 import contextlib
 import functools
 import itertools
 import math
+import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +101,7 @@ class Shape:
 #: ones of SECOND_SHAPE_SCHEMES (cyclic: 6 groups of 7, 7, 7, 7, 6, 6, k = 2 participations 6 rounds apart; the capped
 #: Poisson's cap of 6 binds in ~40 % of rounds at q = 0.15)
 SHAPES = {"N24T5": Shape(24, 5, 0.25, 6), "N40T7": Shape(40, 7, 0.15, 6)}
-SECOND_SHAPE_SCHEMES = ("fl_std", "fl_cs")  # the dense codec and a sketch: the shape is the sampler's business
+SECOND_SHAPE_SCHEMES = ("fl_std",)  # the dense codec: the shape is the sampler's and the schema's business
 BASE = ["~experiment", "dataset=mnist", "model=lenet5", "delta=1e-5", "tracking=none", "progress=off", "r=0.25",
         "eval_every=1", "local_mode=gd", "local_steps=2", "lr=0.05", "batch_size=10"]
 CLIENT_DP = ["dp=true", "noise_multiplier=1.0", f"clipping_norm={CLIP}"]
@@ -161,11 +187,9 @@ def _interpolated(node: dict, top: dict) -> dict:
     return out
 
 
-def _resolved(case: Case) -> dict:
-    """The Hydra composition of the case's scheme, dp mode, accountant, shape and extras (once per such key), with
-    the sampler, network and secagg group files set in it as ``sampler=…`` etc. would (a fresh dict per call)."""
-    import copy
-
+def _base(case: Case) -> tuple[bytes, object]:
+    """The Hydra composition of the case's scheme, dp mode, accountant, shape and extras, resolved (pickled), and
+    its ``dp`` value."""
     from conftest import compose
 
     key = (case.scheme, case.dp, case.accountant, case.shape, case.extra)
@@ -173,8 +197,33 @@ def _resolved(case: Case) -> dict:
         extra = CLIENT_DP if case.dp == "true" else LOCAL_DP[case.dp]
         overrides = _merged(BASE, SHAPES[case.shape].overrides, [f"scheme={case.scheme}",
                                                                  f"accountant={case.accountant}"], extra, case.extra)
-        _BASES[key] = OmegaConf.to_container(compose(overrides), resolve=True)
-    c = copy.deepcopy(_BASES[key])
+        c = OmegaConf.to_container(compose(overrides), resolve=True)
+        _BASES[key] = pickle.dumps(c), c["dp"]
+    return _BASES[key]
+
+
+def _noise_refused(case: Case) -> bool:
+    """The validator's noise rule (``check_noise``, which ``prepare`` runs too) on what it reads of the case's config
+    (dp, noise, sampler): most noise × sampler pairs stop here, before the whole config is copied."""
+    from fedrun.config import check_noise, dp_mode
+
+    dp = _base(case)[1]
+    light = {"dp": dp, "noise": dict(_noise_file(case.noise)), "sampler": _group_file("sampler", case.sampler)}
+    if case.noise == "banded":
+        light["noise"]["bands"] = 2
+    try:
+        check_noise(light, dp_mode(dp))
+    except ConfigError:
+        return True
+    return False
+
+
+def _resolved(case: Case) -> dict:
+    """The Hydra composition of the case's scheme, dp mode, accountant, shape and extras (once per such key), with
+    the sampler, network and secagg group files set in it as ``sampler=…`` etc. would (a fresh dict per call)."""
+    import copy
+
+    c = pickle.loads(_base(case)[0])  # a deep copy (of plain data), faster than copy.deepcopy
     c["sampler"] = _interpolated(_group_file("sampler", case.sampler), c)
     net = case.network.split("+")
     c["network"] = copy.deepcopy(_group_file("network", net[0]))
@@ -214,10 +263,11 @@ def _calibrated_cases() -> list[Case]:
 
 
 def _local_variant_cases() -> list[Case]:
-    """Local DP's sensitivity options and clip modes (LOCAL_VARIANTS): every scheme and sampler, without a network
-    or SecAgg (they decide who uploads, not what one client's update is: the defaults' group covers them)."""
+    """Local DP's sensitivity options and clip modes (LOCAL_VARIANTS): FL-STD and LDP-FedAvg (the update is measured
+    before any codec: the defaults' group runs every scheme), every sampler, without a network or SecAgg (they decide
+    who uploads, not what one client's update is)."""
     return [Case(*c, extra=v) for v in LOCAL_VARIANTS for c in itertools.product(
-        _options("scheme"), list(LOCAL_DP), _options("sampler"), ["none"], ["none"], ["rdp"], ["independent"])]
+        ["fl_std", "ldp_fedavg"], list(LOCAL_DP), _options("sampler"), ["none"], ["none"], ["rdp"], ["independent"])]
 
 
 #: the enumerations: name → cases (the first is the whole product at the defaults; the others add what it fixes)
@@ -518,9 +568,10 @@ def accepted_cases(group: str = "every option (N24T5)") -> dict[Case, Pipeline]:
 
         _ACCEPTED[group] = accepted = {}
         for case in GROUPS[group]():
+            if _noise_refused(case):
+                continue
             try:
                 c = _config(case)
-                # the validator's noise rule first (``prepare`` runs it too): most noise × sampler pairs stop here
                 check_noise(c, dp_mode(c["dp"]))
                 accepted[case] = accept(c)
             except (ConfigError, ValueError):
@@ -594,6 +645,7 @@ def local_changes(pipe: Pipeline) -> float:
         change = torch.linalg.vector_norm(ups[1][target] - ups[0][target], ord=ord_).item()
         # float32 round-off of E steps of η·(mean of clipped gradients), each coordinate at most ηζ, over DIM_IN + 1
         tol = 2.0 ** -22 * pipe.cfg.local_steps * pipe.cfg.lr * pipe.cfg.local_clip * (DIM_IN + 1)
+        COMPARED[id(pipe)] = COMPARED.get(id(pipe), 0) + 1
         worst = fold(worst, (change - tol) / float(sims[0].local_dp.sens[target]), f"client {target}'s update ({name})")
     return worst
 
@@ -725,12 +777,12 @@ def test_neighbour_every_accepted_dp_configuration(capsys):
                    *case.extra[2:])
             worst, configs, compared = families.get(fam, (0.0, 0, 0))
             families[fam] = (fold(worst, ratio, case.id), configs + 1,
-                             compared + COMPARED.get(id(pipe), int(case.dp != "true")))
+                             compared + COMPARED.get(id(pipe), 0))
         lines.append(f"{group}: {len(enumerate_())} enumerated, {len(cases)} accepted")
         lines += [f"  {' · '.join(fam)}: {configs} configurations, {compared} releases compared, largest change / "
                   f"charged = {ratio:.4f}" for fam, (ratio, configs, compared) in sorted(families.items())]
     with capsys.disabled():
-        print(f"\nneighbour harness: {DRAWS} draws × 2 directions per client-level configuration, one round per local "
-              f"one and neighbour; SecAgg aborts on one side (skipped): {ABORTS}; local-DP neighbours fedrun refuses: "
-              f"{REFUSED_NEIGHBOURS}")
+        print(f"\nneighbour harness: {sum(len(accepted_cases(g)) for g in GROUPS)} accepted configurations; {DRAWS} "
+              f"draws × 2 directions per client-level configuration, one round per local one and neighbour; SecAgg "
+              f"aborts on one side (skipped): {ABORTS}; local-DP neighbours fedrun refuses: {REFUSED_NEIGHBOURS}")
         print("\n".join(lines))
