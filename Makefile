@@ -12,8 +12,8 @@ ifeq ($(origin FEDRUN_DATA), undefined)
   endif
 endif
 PYTEST_ARGS ?=
-# make test uses two pytest-xdist workers, each test file on one worker (--dist loadfile): 2 min 32 s of pytest on
-# the idle 2-core machine (1,205 tests), ~3.7 GB for both; TEST_WORKERS=0 runs one process (3 min 25 s, 2.4 GB)
+# make test uses two pytest-xdist workers, each test file on one worker (--dist loadfile), ~3.7 GB for both;
+# TEST_WORKERS=0 runs one process (about 2.4 GB)
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
