@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import inspect
 from pathlib import Path
 
 import pytest
@@ -104,15 +103,15 @@ def small_mnist(_datasets_loaded_once):
                                    groups_train=None if d.groups_train is None else d.groups_train[:N_TRAIN],
                                    groups_test=None if d.groups_test is None else d.groups_test[:N_TEST])
 
-    saved = run_module.load_dataset, run_module.plot_curve, run_module.epsilons
-    epsilons = run_module.epsilons
-    params = inspect.signature(epsilons).parameters  # the knob that skips the PLD ε (1–2 s a call)
-    no_pld = {"last": False} if "last" in params else {"every_round": True} if "every_round" in params else {}
+    from fedrun.privacy.privatizer import Privatizer
+
+    saved = run_module.load_dataset, run_module.plot_curve, Privatizer.epsilons
+    epsilons = Privatizer.epsilons
     run_module.load_dataset = cut
     run_module.plot_curve = lambda *args, **kwargs: None  # the accuracy PNG: ~0.5 s of matplotlib per run
-    run_module.epsilons = lambda sim, *args, **kwargs: epsilons(sim, **no_pld)
+    Privatizer.epsilons = lambda self, *args, **kwargs: epsilons(self, last=False)  # no PLD ε (1–2 s a call)
     yield
-    run_module.load_dataset, run_module.plot_curve, run_module.epsilons = saved
+    run_module.load_dataset, run_module.plot_curve, Privatizer.epsilons = saved
 
 
 class Observer:
