@@ -282,9 +282,8 @@ class Simulation:
                 bad = int(ids[int((~torch.isfinite(update)).any(1).nonzero()[0])])
                 raise RunDiverged(f"the run diverged at round {rnd}: client {bad}'s local update is NaN/inf")
             update = dp.upload(rnd, ids, update)  # local DP: noise on each update, before encode
-            payload = self.encode(rnd, ids, update)
+            payload = dp.add(agg, self.encode(rnd, ids, update))  # the privatizer's own copy
             ledger.uplink(message, len(ids))
-            dp.add(agg, payload, len(ids))
             losses.append(loss)
             if feedback:
                 sent.append(payload)
@@ -347,15 +346,14 @@ class Simulation:
         keys = {k for m in self.client_metrics for k in m if k not in self.scheme.metrics}
         return {f"client_{k}": float(np.mean([m[k] for m in self.client_metrics if k in m])) for k in sorted(keys)}
 
-    def encode(self, rnd: int, ids: np.ndarray, updates: torch.Tensor) -> torch.Tensor:
-        """The clients' payloads [len(ids), payload_dim]: each client encodes an owned copy of its update with its
-        own fresh codec under client-level DP (so a row can hold nothing of another client); one fresh codec per
-        chunk otherwise. The privatizer checks and copies what comes back (:meth:`Privatizer.accept`)."""
+    def encode(self, rnd: int, ids: np.ndarray, updates: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+        """The clients' payloads as (codec output, clients) parts: each client encodes an owned copy of its update with
+        its own fresh codec under client-level DP (one part per client: a row can hold nothing of another client);
+        one fresh codec per chunk otherwise. The privatizer checks and copies each part (:meth:`Privatizer.add`)."""
         if self.privatizer.mode != "client":
-            return self.client_side(ids, lambda codec, view: codec.encode(rnd, updates.clone(), view))
-        rows = [self.privatizer.accept(self.client_side(ids[i:i + 1], lambda codec, view: codec.encode(
-            rnd, updates[i:i + 1].clone(), view)), 1, self.scheme.payload_dim) for i in range(len(ids))]
-        return torch.cat(rows) if rows else updates.new_zeros(0, self.scheme.payload_dim)
+            return [(self.client_side(ids, lambda codec, view: codec.encode(rnd, updates.clone(), view)), len(ids))]
+        return [(self.client_side(ids[i:i + 1], lambda codec, view: codec.encode(rnd, updates[i:i + 1].clone(), view)),
+                 1) for i in range(len(ids))]
 
     def server_step(self, update: torch.Tensor) -> None:
         """w ← w + η_g·(ρ·v + update) (server momentum ρ, FedAvgM; ρ = 0: none)."""

@@ -98,9 +98,14 @@ class Privatizer:
         return owned
 
     @torch.no_grad()
-    def add(self, agg, payload, rows: int) -> None:
-        """One chunk's payloads into the round's sum, through :meth:`accept`."""
-        agg.add(self.accept(payload, rows, agg.total.shape[0]))
+    def add(self, agg, parts: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+        """A chunk's payloads, given as (codec output, number of clients) parts, each through :meth:`accept`, into the
+        round's sum; returns the privatizer's copy (one row per client)."""
+        dim = agg.total.shape[0]
+        owned = [self.accept(payload, rows, dim) for payload, rows in parts]
+        owned = owned[0] if len(owned) == 1 else torch.cat(owned) if owned else torch.zeros(0, dim, device=self.device)
+        agg.add(owned)
+        return owned
 
     def generator(self, rnd: int, *purpose: object) -> torch.Generator:
         return torch_generator(self.seed, rnd, *purpose, device=self.device)

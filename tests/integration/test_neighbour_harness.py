@@ -715,10 +715,13 @@ def test_a_nan_codec_fails_the_harness(case, monkeypatch):
     encode = Simulation.encode
 
     def nan_encode(self, rnd, ids, updates):
-        payload = encode(self, rnd, ids, updates)
-        mine = torch.as_tensor(np.isin(np.asarray(ids), _NAN_CLIENTS))
-        payload[mine, 0] = math.nan
-        return payload
+        parts, start = [], 0
+        for payload, rows in encode(self, rnd, ids, updates):  # (codec output, clients) parts, in the order of ids
+            payload = payload.clone()
+            payload[torch.as_tensor(np.isin(np.asarray(ids[start:start + rows]), _NAN_CLIENTS)), 0] = math.nan
+            parts.append((payload, rows))
+            start += rows
+        return parts
 
     n = pipe.cfg.num_clients
     _NAN_CLIENTS[:] = [n] if case.sampler == "poisson" else list(range(n))  # D′'s added client; under the
